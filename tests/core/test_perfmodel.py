@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+import pytest
+from fleetshift_common.errors import FleetShiftError
+from fleetshift_daemon.core.corrections import CorrectionTable, Phase
+from fleetshift_daemon.core.errors import InvalidModelArch, UnsupportedDeployment
+from fleetshift_daemon.core.gpus import A100_SXM_80GB, H100_SXM, H200_SXM, L40S
+from fleetshift_daemon.core.perfmodel import Deployment, Dtype, ModelArch, PerfModel, llama2_70b
+
+LLAMA2_70B_HF = {
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_attention_heads": 64,
+    "num_hidden_layers": 80,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
+
+
+def test_llama2_70b_from_hf_config_matches_the_published_parameter_count() -> None:
+    arch = ModelArch.from_hf_config("llama2-70b", LLAMA2_70B_HF)
+    assert arch == llama2_70b()
+    # Hugging Face reports 68,976,648,192 parameters for Llama-2-70b-hf.
+    assert arch.param_count() == 68_976_648_192
+
+
+def test_explicit_head_dim_and_gpt_neox_keys() -> None:
+    qwen = ModelArch.from_hf_config(
+        "q",
+        {
+            "hidden_size": 2048,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 256,
+            "num_hidden_layers": 2,
+            "intermediate_size": 4096,
+            "vocab_size": 1000,
+        },
+    )
+    assert qwen.head_dim == 256 and qwen.attn_dim == 4096
+    neox = ModelArch.from_hf_config(
+        "n",
+        {
+            "model_type": "gpt_neox",
+            "hidden_size": 512,
+            "num_attention_heads": 8,
+            "num_hidden_layers": 2,
+            "intermediate_size": 2048,
+            "vocab_size": 1000,
+            "hidden_act": "gelu",
+        },
+    )
+    assert not neox.gated_mlp and neox.n_kv_heads == 8
+
+
+@pytest.mark.parametrize(
+    ("cfg", "field"),
+    [
+        ({k: v for k, v in LLAMA2_70B_HF.items() if k != "vocab_size"}, "vocab_size"),
+        ({**LLAMA2_70B_HF, "num_key_value_heads": 7}, "n_kv_heads"),
+        ({**LLAMA2_70B_HF, "num_hidden_layers": 0}, "n_layers"),
+        ({**LLAMA2_70B_HF, "hidden_size": "big"}, "hidden_size"),
+    ],
+)
+def test_bad_hf_config_names_the_field(cfg: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidModelArch) as exc:
+        ModelArch.from_hf_config("x", cfg)
+    assert exc.value.field == field
+
+
+def test_kv_bytes_count_grouped_query_heads() -> None:
+    dep = Deployment(llama2_70b(), H100_SXM, 4)
+    # 2 (K,V) x 80 layers x 8 KV heads x 128 dims x 2 bytes
+    assert PerfModel().kv_bytes_per_token(dep) == 327_680
+
+
+def test_capacity_follows_memory_and_dtype() -> None:
+    m, arch = PerfModel(), llama2_70b()
+    h100, h200 = Deployment(arch, H100_SXM, 2), Deployment(arch, H200_SXM, 2)
+    assert m.kv_capacity_tokens(h200) > 5 * m.kv_capacity_tokens(h100) > 0
+    fp8 = Deployment(arch, H100_SXM, 2, Dtype.FP8)
+    int4 = Deployment(arch, H100_SXM, 2, Dtype.INT4_W)
+    assert m.weight_bytes(fp8) < 0.55 * m.weight_bytes(h100)
+    assert m.weight_bytes(int4) < 0.3 * m.weight_bytes(h100)
+    assert m.kv_capacity_tokens(int4) > m.kv_capacity_tokens(fp8) > m.kv_capacity_tokens(h100)
+    assert m.kv_capacity_tokens(h100, reserve_fraction=0.0) > m.kv_capacity_tokens(h100)
+
+
+@pytest.mark.parametrize(
+    ("dep", "field"),
+    [
+        (Deployment(llama2_70b(), H100_SXM, 1), "tp"),  # 138 GB of weights on one 80 GB GPU
+        (Deployment(llama2_70b(), L40S, 2), "tp"),
+        (Deployment(llama2_70b(), H100_SXM, 3), "tp"),  # 3 does not divide 64 heads
+        (Deployment(llama2_70b(), A100_SXM_80GB, 4, Dtype.FP8), "dtype"),
+    ],
+)
+def test_unsupported_deployments_raise_typed_errors(dep: Deployment, field: str) -> None:
+    m = PerfModel()
+    assert not m.fits(dep)
+    with pytest.raises(UnsupportedDeployment) as exc:
+        m.decode_step_time_s(dep, 1, 100)
+    assert exc.value.field == field
+    assert isinstance(exc.value, FleetShiftError)
+
+
+def test_decode_prefers_bandwidth_and_prefill_prefers_compute() -> None:
+    m, arch = PerfModel(), llama2_70b()
+    a100, h100, h200 = (Deployment(arch, g, 4) for g in (A100_SXM_80GB, H100_SXM, H200_SXM))
+    # Same compute: prefill within a few % on H100 and H200; A100 is ~3x slower.
+    p100, p200, pa = (m.prefill_time_s(d, [2048]) for d in (h100, h200, a100))
+    assert abs(p200 / p100 - 1) < 0.05
+    assert pa > 1.8 * p100
+    # Decode of a large batch streams weights + KV: H200's 4.8 TB/s beats H100's 3.35.
+    d100 = m.decode_step_time_s(h100, 64, 64 * 2048)
+    d200 = m.decode_step_time_s(h200, 64, 64 * 2048)
+    assert d200 < 0.9 * d100
+
+
+def test_times_grow_with_work_and_dtype_changes_rates() -> None:
+    m, arch = PerfModel(), llama2_70b()
+    dep = Deployment(arch, H100_SXM, 4)
+    assert m.prefill_time_s(dep, [4096]) > m.prefill_time_s(dep, [2048]) > 0
+    # same tokens, one long sequence costs more attention than several short ones
+    assert m.prefill_time_s(dep, [8192]) > m.prefill_time_s(dep, [1024] * 8)
+    assert m.decode_step_time_s(dep, 32, 32_000) > m.decode_step_time_s(dep, 1, 1000)
+    fp8 = Deployment(arch, H100_SXM, 4, Dtype.FP8)
+    int4 = Deployment(arch, H100_SXM, 4, Dtype.INT4_W)
+    assert m.prefill_time_s(fp8, [4096]) < 0.7 * m.prefill_time_s(dep, [4096])
+    # INT4 weight-only computes at BF16 rate but streams a quarter of the weight bytes
+    assert m.prefill_time_s(int4, [4096]) == pytest.approx(m.prefill_time_s(dep, [4096]), 0.1)
+    assert m.decode_step_time_s(int4, 1, 1000) < 0.8 * m.decode_step_time_s(dep, 1, 1000)
+
+
+def test_online_correction_scales_predictions_within_bounds() -> None:
+    table = CorrectionTable()
+    m = PerfModel(corrections=table)
+    dep = Deployment(llama2_70b(), H100_SXM, 4)
+    base = m.decode_step_time_s(dep, 8, 8000)
+    for _ in range(200):
+        table.observe("H100-SXM", Phase.DECODE, observed_s=1.3 * base, predicted_s=base)
+    assert m.decode_step_time_s(dep, 8, 8000) == pytest.approx(1.3 * base, rel=0.01)
+    assert m.prefill_time_s(dep, [512]) == PerfModel().prefill_time_s(dep, [512])
+    for _ in range(200):
+        table.observe("H100-SXM", Phase.PREFILL, observed_s=100.0, predicted_s=0.001)
+    assert table.factor("H100-SXM", Phase.PREFILL) == 2.0  # bounded
+
+
+def test_one_noisy_observation_moves_the_correction_only_a_little() -> None:
+    table = CorrectionTable()
+    table.observe("A100-SXM-80GB", Phase.DECODE, 1.0, 1.0)
+    table.observe("A100-SXM-80GB", Phase.DECODE, 1.9, 1.0)
+    assert 1.0 < table.factor("A100-SXM-80GB", Phase.DECODE) < 1.1
