@@ -1,0 +1,211 @@
+"""Reading a snapshot: verify every byte before anything reaches a running worker.
+
+``verify`` checks the directory against its manifest (missing, extra, truncated, altered
+files, symlinks, unsafe tensor headers). The loaders check the digest of exactly the bytes
+they return, hashing while reading, and build tensors as views of that verified buffer: there
+is no window in which a file could be swapped between check and use, and no second copy of
+the model in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from fleetshift_common.compat import CompatKey, CompatVerdict, compare
+
+from fleetshift_agent.snapshot import tensorfile
+from fleetshift_agent.snapshot.errors import (
+    SnapshotCorrupt,
+    SnapshotIncompatible,
+    SnapshotNotFound,
+    SnapshotPartNotFound,
+    UnsafeTensorFile,
+)
+from fleetshift_agent.snapshot.fileio import (
+    FileProblem,
+    hash_verified,
+    read_small_verified,
+    read_verified,
+)
+from fleetshift_agent.snapshot.manifest import (
+    MAX_MANIFEST_BYTES,
+    FileEntry,
+    Manifest,
+    parse_manifest,
+)
+from fleetshift_agent.snapshot.names import (
+    KINDS,
+    MANIFEST,
+    artifact_file,
+    json_file,
+    tensor_file,
+)
+
+
+def open_snapshot(path: Path) -> Snapshot:
+    """Open a snapshot directory and parse its manifest (no data is read yet)."""
+    path = Path(path)
+    where = path.name
+    if not path.is_dir():
+        raise SnapshotNotFound(where, f"no directory at {path}")
+    try:
+        fd = os.open(path / MANIFEST, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise SnapshotCorrupt(where, MANIFEST, "missing") from None
+    except OSError as exc:
+        raise SnapshotCorrupt(where, MANIFEST, f"cannot be opened: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(MAX_MANIFEST_BYTES + 1)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise SnapshotCorrupt(where, MANIFEST, f"larger than {MAX_MANIFEST_BYTES} bytes")
+    return Snapshot(path, parse_manifest(raw, where))
+
+
+class Snapshot:
+    def __init__(self, path: Path, manifest: Manifest) -> None:
+        self.path = path
+        self.manifest = manifest
+
+    @property
+    def snapshot_id(self) -> str:
+        return self.manifest.snapshot_id
+
+    @property
+    def key(self) -> CompatKey:
+        return self.manifest.key
+
+    @property
+    def tensor_groups(self) -> list[str]:
+        return self.manifest.names("tensors")
+
+    @property
+    def json_parts(self) -> list[str]:
+        return self.manifest.names("json")
+
+    @property
+    def artifacts(self) -> list[str]:
+        return self.manifest.names("artifacts")
+
+    def _corrupt(self, file: str, problem: str) -> SnapshotCorrupt:
+        return SnapshotCorrupt(self.snapshot_id, file, problem)
+
+    # -- verification -----------------------------------------------------------------------
+
+    def verify(self) -> None:
+        """Check every file's presence, size and SHA-256, and every tensor header.
+
+        Raises SnapshotCorrupt naming the first file found wrong; cheap checks (structure,
+        sizes) all run before any file is hashed.
+        """
+        self._check_structure()
+        for name, entry in sorted(self.manifest.files.items()):
+            try:
+                hash_verified(self.path / name, entry.size, entry.sha256)
+            except FileProblem as exc:
+                raise self._corrupt(name, exc.problem) from None
+            if name.startswith("tensors/"):
+                self._check_tensor_header(name, entry)
+
+    def _check_structure(self) -> None:
+        listed = self.manifest.files
+        for entry in sorted(os.scandir(self.path), key=lambda e: e.name):
+            if entry.is_symlink():
+                raise self._corrupt(entry.name, "is a symbolic link; snapshots hold plain files")
+            if entry.name == MANIFEST:
+                continue
+            if not entry.is_dir() or entry.name not in KINDS:
+                raise self._corrupt(entry.name, "extra file not listed in the manifest")
+            for sub in sorted(os.scandir(entry.path), key=lambda e: e.name):
+                rel = f"{entry.name}/{sub.name}"
+                if sub.is_symlink():
+                    raise self._corrupt(rel, "is a symbolic link; snapshots hold plain files")
+                if rel not in listed:
+                    raise self._corrupt(rel, "extra file not listed in the manifest")
+        for name, fe in sorted(listed.items()):
+            try:
+                st = os.lstat(self.path / name)
+            except FileNotFoundError:
+                raise self._corrupt(name, "missing: listed in the manifest but absent") from None
+            if not os.path.isfile(self.path / name):
+                raise self._corrupt(name, "is not a regular file")
+            if st.st_size != fe.size:
+                kind = "truncated" if st.st_size < fe.size else "size mismatch"
+                raise self._corrupt(
+                    name, f"{kind}: {st.st_size} bytes on disk, manifest says {fe.size}"
+                )
+
+    def _check_tensor_header(self, name: str, entry: FileEntry) -> None:
+        with open(self.path / name, "rb") as f:
+            head = f.read(8)
+            if len(head) == 8 and int.from_bytes(head, "little") <= tensorfile.MAX_HEADER:
+                head += f.read(int.from_bytes(head, "little"))
+        try:
+            tensorfile.parse_header(head, entry.size)
+        except tensorfile.TensorFileError as exc:
+            raise UnsafeTensorFile(self.snapshot_id, name, exc.problem) from None
+
+    # -- compatibility ----------------------------------------------------------------------
+
+    def check_compat(self, destination: CompatKey) -> CompatVerdict:
+        return compare(self.manifest.key, destination)
+
+    def require_warm(self, destination: CompatKey) -> CompatVerdict:
+        """The verdict if a warm restore is allowed; SnapshotIncompatible naming every field."""
+        verdict = self.check_compat(destination)
+        if not verdict.warm_ok:
+            raise SnapshotIncompatible(self.snapshot_id, verdict)
+        return verdict
+
+    # -- loading ----------------------------------------------------------------------------
+
+    def _entry(self, name: str, part: str) -> FileEntry:
+        entry = self.manifest.files.get(name)
+        if entry is None:
+            raise SnapshotPartNotFound(self.snapshot_id, part)
+        return entry
+
+    def load_tensors(self, group: str, device: str = "cpu") -> dict[str, torch.Tensor]:
+        """The group's tensors, from bytes verified against the manifest while being read.
+
+        CPU tensors are views of one buffer the size of the file (no second copy).
+        """
+        name = tensor_file(group)
+        entry = self._entry(name, f"tensor group {group!r}")
+        buffer = np.empty(entry.size, dtype=np.uint8)
+        try:
+            read_verified(self.path / name, entry.size, entry.sha256, memoryview(buffer))
+        except FileProblem as exc:
+            raise self._corrupt(name, exc.problem) from None
+        try:
+            start, entries = tensorfile.parse_header(_head(buffer), entry.size)
+        except tensorfile.TensorFileError as exc:
+            raise UnsafeTensorFile(self.snapshot_id, name, exc.problem) from None
+        return tensorfile.build_tensors(buffer, start, entries, device)
+
+    def load_json(self, part: str) -> Any:
+        name = json_file(part)
+        data = self._read_small(name, f"json part {part!r}")
+        try:
+            return json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise self._corrupt(name, f"not valid JSON: {exc}") from None
+
+    def load_artifact(self, name: str) -> bytes:
+        return self._read_small(artifact_file(name), f"artifact {name!r}")
+
+    def _read_small(self, name: str, part: str) -> bytes:
+        entry = self._entry(name, part)
+        try:
+            return read_small_verified(self.path / name, entry.size, entry.sha256)
+        except FileProblem as exc:
+            raise self._corrupt(name, exc.problem) from None
+
+
+def _head(buffer: np.ndarray) -> bytes:
+    n = int.from_bytes(buffer[:8].tobytes(), "little")
+    return buffer[: 8 + min(n, tensorfile.MAX_HEADER)].tobytes()
