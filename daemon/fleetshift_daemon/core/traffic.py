@@ -1,0 +1,194 @@
+"""A sliding-window view of each model's traffic mix, for the planner and the router.
+
+A placement goes wrong because the mix moves (long prompts in the morning, chatty decode in
+the evening) while every worker stays healthy. The planner therefore needs the *recent* shape
+of the traffic per model: arrival rate, prompt and output length distributions, and how the
+work splits between prefill and decode. Route calls feed what requests ask for; worker
+counters feed what the fleet actually processed (they include requests routed elsewhere and
+real output lengths), and the counter figures win when both exist.
+
+Memory is bounded: each model keeps at most ``max_requests`` recent requests and
+``max_counter_samples`` counter deltas; under heavier load the window effectively shortens to
+the span those samples cover, and rates are computed over that span.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from fleetshift_common.errors import InvalidArgument, NotFound
+
+
+@dataclass(frozen=True)
+class TrafficConfig:
+    window_s: float = 300.0
+    max_requests: int = 50_000
+    max_counter_samples: int = 10_000
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.window_s) and self.window_s > 0):
+            raise InvalidArgument("window_s must be > 0", field="window_s")
+        if self.max_requests < 1:
+            raise InvalidArgument("max_requests must be >= 1", field="max_requests")
+        if self.max_counter_samples < 1:
+            raise InvalidArgument("max_counter_samples must be >= 1", field="max_counter_samples")
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    mean: float
+    p50: float
+    p90: float
+
+    @staticmethod
+    def of(values: np.ndarray) -> LengthStats:
+        if values.size == 0:
+            return LengthStats(0.0, 0.0, 0.0)
+        p50, p90 = np.percentile(values, [50, 90])
+        return LengthStats(float(values.mean()), float(p50), float(p90))
+
+
+@dataclass(frozen=True)
+class TrafficStats:
+    model: str
+    window_s: float  # span actually covered (<= configured window)
+    requests: int
+    arrival_rate_per_s: float
+    prompt: LengthStats
+    output: LengthStats
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    source: str  # "counters" when worker counters gave the token rates, else "requests"
+
+    @property
+    def prefill_decode_ratio(self) -> float:
+        """Prefill tokens per decode token: > 1 is prompt-heavy, < 1 decode-heavy."""
+        if self.decode_tokens_per_s <= 0:
+            return math.inf if self.prefill_tokens_per_s > 0 else 0.0
+        return self.prefill_tokens_per_s / self.decode_tokens_per_s
+
+
+@dataclass
+class _ModelWindow:
+    requests: deque[tuple[float, int, float]]
+    counters: deque[tuple[float, int, int]]
+    created: float
+    last_totals: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+class TrafficMonitor:
+    """Thread-safe; ``observe_*`` are O(1) amortised, ``stats`` is O(window samples)."""
+
+    def __init__(self, clock: Callable[[], float], config: TrafficConfig | None = None) -> None:
+        self._clock = clock
+        self._config = config or TrafficConfig()
+        self._models: dict[str, _ModelWindow] = {}
+        self._lock = threading.Lock()
+
+    def _window(self, model: str) -> _ModelWindow:
+        w = self._models.get(model)
+        if w is None:
+            cfg = self._config
+            w = _ModelWindow(
+                requests=deque(maxlen=cfg.max_requests),
+                counters=deque(maxlen=cfg.max_counter_samples),
+                created=self._clock(),
+            )
+            self._models[model] = w
+        return w
+
+    def observe_request(self, model: str, prompt_tokens: int, output_tokens: float) -> None:
+        """One routed request; ``output_tokens`` may be an estimate."""
+        if prompt_tokens <= 0:
+            raise InvalidArgument("prompt_tokens must be > 0", field="prompt_tokens")
+        if not (math.isfinite(output_tokens) and output_tokens >= 0):
+            raise InvalidArgument("output_tokens must be >= 0", field="output_tokens")
+        now = self._clock()
+        with self._lock:
+            w = self._window(model)
+            w.requests.append((now, prompt_tokens, float(output_tokens)))
+            self._evict(w, now)
+
+    def observe_counters(
+        self, worker_id: str, model: str, prefill_tokens_total: int, decode_tokens_total: int
+    ) -> None:
+        """Cumulative token counters of one worker; a counter that went back means a restart."""
+        if prefill_tokens_total < 0 or decode_tokens_total < 0:
+            raise InvalidArgument("token counters must be >= 0", field="prefill_tokens_total")
+        now = self._clock()
+        with self._lock:
+            w = self._window(model)
+            prev = w.last_totals.get(worker_id)
+            w.last_totals[worker_id] = (prefill_tokens_total, decode_tokens_total)
+            if prev is None:
+                return
+            dp = prefill_tokens_total - prev[0]
+            dd = decode_tokens_total - prev[1]
+            if dp < 0 or dd < 0:  # restarted worker: counts since restart are the delta
+                dp, dd = prefill_tokens_total, decode_tokens_total
+            w.counters.append((now, dp, dd))
+            self._evict(w, now)
+
+    def forget_worker(self, worker_id: str) -> None:
+        with self._lock:
+            for w in self._models.values():
+                w.last_totals.pop(worker_id, None)
+
+    def _evict(self, w: _ModelWindow, now: float) -> None:
+        horizon = now - self._config.window_s
+        while w.requests and w.requests[0][0] < horizon:
+            w.requests.popleft()
+        while w.counters and w.counters[0][0] < horizon:
+            w.counters.popleft()
+
+    def models(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(sorted(self._models))
+
+    def stats(self, model: str) -> TrafficStats:
+        now = self._clock()
+        with self._lock:
+            w = self._models.get(model)
+            if w is None:
+                raise NotFound(f"model {model!r} has no traffic", field="model")
+            self._evict(w, now)
+            reqs = np.array(w.requests, dtype=float).reshape(-1, 3)
+            ctrs = np.array(w.counters, dtype=float).reshape(-1, 3)
+            created = w.created
+        cfg = self._config
+        span = _span(reqs[:, 0], now, created, cfg.window_s, cfg.max_requests)
+        n = reqs.shape[0]
+        prompts, outputs = reqs[:, 1], reqs[:, 2]
+        source = "requests"
+        prefill_rate = float(prompts.sum()) / span
+        decode_rate = float(outputs.sum()) / span
+        if ctrs.shape[0] > 0:
+            cspan = _span(ctrs[:, 0], now, created, cfg.window_s, cfg.max_counter_samples)
+            prefill_rate = float(ctrs[:, 1].sum()) / cspan
+            decode_rate = float(ctrs[:, 2].sum()) / cspan
+            source = "counters"
+        return TrafficStats(
+            model=model,
+            window_s=span,
+            requests=n,
+            arrival_rate_per_s=n / span,
+            prompt=LengthStats.of(prompts),
+            output=LengthStats.of(outputs),
+            prefill_tokens_per_s=prefill_rate,
+            decode_tokens_per_s=decode_rate,
+            source=source,
+        )
+
+
+def _span(times: np.ndarray, now: float, created: float, window: float, maxlen: int) -> float:
+    """Seconds the samples stand for: the window, or less when the model is new or the
+    buffer filled up and dropped older samples."""
+    span = min(window, max(now - created, 1e-3))
+    if times.size >= maxlen:
+        span = min(span, max(now - float(times.min()), 1e-3))
+    return span

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fleetshift_common.errors import InvalidArgument
+from fleetshift_daemon.core.estimator import EstimatorConfig, OutputLengthEstimator
+
+from .trace import load_trace
+
+
+def test_beats_the_global_mean_on_the_azure_conversation_trace(azure_trace: Path) -> None:
+    _, prompts, outputs = load_trace(azure_trace)
+    est = OutputLengthEstimator()
+    for p, o in zip(prompts.tolist(), outputs.tolist(), strict=True):
+        est.observe_completion("llama2-70b", p, o)
+    err = est.error("llama2-70b")
+    assert err.n == 5_000  # bounded: the most recent predictions
+    # Measured on this trace: MAE ~93 tokens vs ~141 for the global mean (last 5,000).
+    assert err.mae < 0.85 * err.baseline_mae
+    assert err.median_abs_pct < err.baseline_median_abs_pct
+
+
+def test_buckets_by_prompt_length_then_falls_back() -> None:
+    est = OutputLengthEstimator(EstimatorConfig(min_samples=5, prior_output_tokens=300))
+    assert est.estimate("m", 100) == 300  # never seen: the prior
+    for _ in range(10):
+        est.observe_completion("m", 100, 20)  # bucket 64-127
+    for _ in range(3):
+        est.observe_completion("m", 5000, 800)  # bucket 4096-8191, too few samples
+    assert est.estimate("m", 120) == 20
+    global_mean = (10 * 20 + 3 * 800) / 13
+    assert est.estimate("m", 5000) == pytest.approx(global_mean)
+    assert est.estimate("other", 5000) == 300
+
+
+def test_history_is_bounded_so_it_follows_a_change() -> None:
+    est = OutputLengthEstimator(EstimatorConfig(history=50, min_samples=5))
+    for _ in range(500):
+        est.observe_completion("m", 1000, 100)
+    for _ in range(50):
+        est.observe_completion("m", 1000, 400)
+    assert est.estimate("m", 1000) == 400
+
+
+@pytest.mark.parametrize(("prompt", "field"), [(0, "prompt_tokens"), (-3, "prompt_tokens")])
+def test_rejects_bad_lengths_naming_the_field(prompt: int, field: str) -> None:
+    with pytest.raises(InvalidArgument) as exc:
+        OutputLengthEstimator().estimate("m", prompt)
+    assert exc.value.field == field
+    with pytest.raises(InvalidArgument) as exc2:
+        OutputLengthEstimator().observe_completion("m", 10, -1)
+    assert exc2.value.field == "output_tokens"

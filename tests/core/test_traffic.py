@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fleetshift_common.errors import InvalidArgument, NotFound
+from fleetshift_daemon.core.traffic import TrafficConfig, TrafficMonitor
+
+from .trace import load_trace
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_window_stats_on_the_azure_trace(azure_trace: Path) -> None:
+    times, prompts, outputs = load_trace(azure_trace)
+    clock = Clock()
+    mon = TrafficMonitor(clock, TrafficConfig(window_s=300))
+    for t, p, o in zip(times.tolist(), prompts.tolist(), outputs.tolist(), strict=True):
+        clock.t = 1000.0 + t
+        mon.observe_request("llama2-70b", p, o)
+    s = mon.stats("llama2-70b")
+    last = (times >= times[-1] - 300) & (times >= 0)
+    assert s.requests == int(last.sum())
+    assert s.arrival_rate_per_s == pytest.approx(last.sum() / 300)
+    assert s.prompt.mean == pytest.approx(prompts[last].mean())
+    assert s.prompt.p50 == pytest.approx(np.percentile(prompts[last], 50))
+    assert s.output.p90 == pytest.approx(np.percentile(outputs[last], 90))
+    # conversation traffic is prompt-heavy: several prompt tokens per output token
+    assert s.prefill_decode_ratio == pytest.approx(prompts[last].sum() / outputs[last].sum())
+    assert s.prefill_decode_ratio > 3
+    assert s.source == "requests"
+
+
+def test_old_requests_leave_the_window() -> None:
+    clock = Clock()
+    mon = TrafficMonitor(clock, TrafficConfig(window_s=60))
+    for _ in range(60):
+        mon.observe_request("m", 4000, 10)  # prompt-heavy burst
+        clock.t += 1
+    clock.t += 30
+    for _ in range(30):
+        mon.observe_request("m", 100, 900)  # decode-heavy now
+        clock.t += 1
+    s = mon.stats("m")
+    assert s.requests == 30
+    assert s.prefill_decode_ratio < 0.2
+
+
+def test_memory_is_bounded_and_rates_use_the_span_kept() -> None:
+    clock = Clock()
+    mon = TrafficMonitor(clock, TrafficConfig(window_s=300, max_requests=100))
+    for _ in range(1000):
+        mon.observe_request("m", 10, 10)
+        clock.t += 0.01  # 100 requests/s
+    s = mon.stats("m")
+    assert s.requests == 100
+    assert s.arrival_rate_per_s == pytest.approx(100, rel=0.05)
+
+
+def test_worker_counters_win_over_route_estimates() -> None:
+    clock = Clock()
+    mon = TrafficMonitor(clock, TrafficConfig(window_s=100))
+    mon.observe_request("m", 1000, 100)
+    mon.observe_counters("w1", "m", 0, 0)
+    mon.observe_counters("w2", "m", 50, 50)
+    clock.t += 10
+    mon.observe_counters("w1", "m", 2000, 8000)
+    mon.observe_counters("w2", "m", 10, 20)  # restarted: counts since restart
+    s = mon.stats("m")
+    assert s.source == "counters"
+    assert s.prefill_tokens_per_s == pytest.approx(2010 / 10)
+    assert s.decode_tokens_per_s == pytest.approx(8020 / 10)
+
+
+def test_unknown_model_and_bad_input() -> None:
+    mon = TrafficMonitor(Clock())
+    with pytest.raises(NotFound) as exc:
+        mon.stats("nope")
+    assert exc.value.field == "model"
+    with pytest.raises(InvalidArgument) as exc2:
+        mon.observe_request("m", 0, 1)
+    assert exc2.value.field == "prompt_tokens"
