@@ -4,7 +4,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.fleetshift-stamp"
-want="$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/constraints.txt" | sha256sum | cut -d' ' -f1)"
 if [[ ! -x "$VENV/bin/python" || "$(cat "$STAMP" 2>/dev/null)" != "$want" ]]; then
   echo "setting up $VENV (first use or changed dependencies) ..." >&2
   PY="${PYTHON:-python3.11}"

@@ -1,0 +1,216 @@
+"""Process configuration: one TOML file per process, overridden by environment variables.
+
+Both processes start from a frozen dataclass so a typo fails at start with the key named,
+instead of being silently ignored and surfacing as odd behaviour hours later. Environment
+variables win over the file so systemd drop-ins and containers can adjust one value without
+rewriting the file; they are parsed with the same type rules as the TOML values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fleetshift_common.errors import InvalidArgument
+
+
+class ConfigError(InvalidArgument):
+    """A configuration value is missing, unknown or of the wrong type; ``field`` names it."""
+
+
+T = TypeVar("T")
+
+MiB = 1024 * 1024
+
+
+def _check_positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"config key '{name}' must be > 0, got {value}", field=name)
+
+
+def _check_address(name: str, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"config key '{name}' must be host:port, got {value!r}", field=name)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeclaredGpu:
+    """GPUs written in an agent's config for a machine without NVML (tests, demos, CPU nodes)."""
+
+    product_name: str
+    count: int = 1
+    memory_gb: float | None = None  # None: take the figure of the known product
+    compute_capability: str | None = None
+    nvlink: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not self.product_name.strip():
+            raise ConfigError("gpus.product_name must not be empty", field="gpus.product_name")
+        if not 1 <= self.count <= 64:
+            raise ConfigError(f"gpus.count must be 1..64, got {self.count}", field="gpus.count")
+        if self.memory_gb is not None and not 0 < self.memory_gb <= 1024:
+            raise ConfigError(
+                f"gpus.memory_gb must be in (0, 1024], got {self.memory_gb}", field="gpus.memory_gb"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class DaemonConfig:
+    listen: str = "127.0.0.1:50051"
+    state_dir: str = "/var/lib/fleetshift"
+    database_url: str = ""  # empty: SQLite file under state_dir
+    heartbeat_interval_s: float = 2.0
+    node_lost_after_s: float = 10.0
+    liveness_check_interval_s: float = 1.0
+    max_message_bytes: int = 4 * MiB
+    port_file: str = ""  # when set, the bound port is written here (tests, local fleets)
+    log_format: str = "auto"  # auto | json | text
+
+    def __post_init__(self) -> None:
+        _check_address("listen", self.listen)
+        for name in ("heartbeat_interval_s", "node_lost_after_s", "liveness_check_interval_s"):
+            _check_positive(name, getattr(self, name))
+        if self.node_lost_after_s <= self.heartbeat_interval_s:
+            raise ConfigError(
+                "config key 'node_lost_after_s' must exceed 'heartbeat_interval_s' "
+                f"({self.node_lost_after_s} <= {self.heartbeat_interval_s})",
+                field="node_lost_after_s",
+            )
+        _check_positive("max_message_bytes", self.max_message_bytes)
+        if self.log_format not in ("auto", "json", "text"):
+            raise ConfigError(
+                "config key 'log_format' must be auto, json or text", field="log_format"
+            )
+
+    @property
+    def effective_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{Path(self.state_dir) / 'fleetshift.db'}"
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    node_name: str = dataclasses.field(default_factory=socket.gethostname)
+    listen: str = "127.0.0.1:50052"
+    advertise_address: str = ""  # what the daemon dials; empty: the bound listen address
+    daemon_address: str = "127.0.0.1:50051"
+    state_dir: str = "/var/lib/fleetshift-agent"
+    inventory: str = "auto"  # auto: NVML if present else declared | nvml | declared
+    gpus: tuple[DeclaredGpu, ...] = ()
+    reconnect_initial_s: float = 0.2
+    reconnect_max_s: float = 5.0
+    max_message_bytes: int = 4 * MiB
+    port_file: str = ""
+    log_format: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check_address("listen", self.listen)
+        _check_address("daemon_address", self.daemon_address)
+        if self.advertise_address:
+            _check_address("advertise_address", self.advertise_address)
+        if self.inventory not in ("auto", "nvml", "declared"):
+            raise ConfigError(
+                "config key 'inventory' must be auto, nvml or declared", field="inventory"
+            )
+        if self.inventory == "declared" and not self.gpus:
+            raise ConfigError(
+                "inventory = 'declared' needs at least one [[gpus]] entry", field="gpus"
+            )
+        for name in ("reconnect_initial_s", "reconnect_max_s", "max_message_bytes"):
+            _check_positive(name, getattr(self, name))
+
+
+def load_config(cls: type[T], path: str | Path | None, env: Mapping[str, str], prefix: str) -> T:
+    """Build ``cls`` from a TOML file (optional) and ``{prefix}{KEY}`` environment overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist", field="config") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(
+                f"config file {path} is not valid TOML: {exc}", field="config"
+            ) from None
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints = typing.get_type_hints(cls)
+    for key in raw:
+        if key not in fields:
+            raise ConfigError(f"unknown config key '{key}' in {path}", field=key)
+    for name in fields:
+        env_key = f"{prefix}{name.upper()}"
+        if env_key in env:
+            raw[name] = _from_env(env_key, env[env_key], hints[name])
+    values = {name: _coerce(name, value, hints[name]) for name, value in raw.items()}
+    return cls(**values)
+
+
+def _from_env(env_key: str, text: str, hint: Any) -> Any:
+    if _strip_optional(hint) in (str,):
+        return text
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        raise ConfigError(
+            f"environment variable {env_key} is not a valid TOML value: {text!r}", field=env_key
+        ) from None
+
+
+def _strip_optional(hint: Any) -> Any:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
+
+
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    hint = _strip_optional(hint)
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        (item_type, _) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"config key '{name}' must be a list", field=name)
+        return tuple(_coerce_item(f"{name}[{i}]", v, item_type) for i, v in enumerate(value))
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (str, int, float, bool):
+        if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+            raise ConfigError(
+                f"config key '{name}' must be {hint.__name__}, got {type(value).__name__}",
+                field=name,
+            )
+        return value
+    raise ConfigError(f"config key '{name}' has an unsupported type", field=name)
+
+
+def _coerce_item(name: str, value: Any, item_type: Any) -> Any:
+    if dataclasses.is_dataclass(item_type):
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{name}' must be a table", field=name)
+        hints = typing.get_type_hints(item_type)
+        known = {f.name for f in dataclasses.fields(item_type)}
+        for key in value:
+            if key not in known:
+                raise ConfigError(f"unknown config key '{name}.{key}'", field=f"{name}.{key}")
+        kwargs = {k: _coerce(f"{name}.{k}", v, hints[k]) for k, v in value.items()}
+        try:
+            return item_type(**kwargs)  # type: ignore[operator]
+        except TypeError as exc:
+            raise ConfigError(f"config key '{name}' is incomplete: {exc}", field=name) from None
+    return _coerce(name, value, item_type)
+
+
+def daemon_config(path: str | Path | None, env: Mapping[str, str] | None = None) -> DaemonConfig:
+    return load_config(DaemonConfig, path, os.environ if env is None else env, "FLEETSHIFTD_")
+
+
+def agent_config(path: str | Path | None, env: Mapping[str, str] | None = None) -> AgentConfig:
+    return load_config(AgentConfig, path, os.environ if env is None else env, "FLEETSHIFT_AGENT_")

@@ -1,0 +1,78 @@
+"""gRPC server and channel construction shared by the daemon and the agent.
+
+Both servers must look the same to an operator with grpcurl: reflection on, the standard
+grpc.health.v1 service, and the same message size limit on both ends of every connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+
+def message_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+
+
+@dataclass(frozen=True)
+class ServiceBinding:
+    """One servicer and how to attach it: its add_*_to_server function and full name."""
+
+    add_to_server: Callable[[Any, grpc.aio.Server], None]
+    servicer: Any
+    full_name: str
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer  # type: ignore[name-defined]
+
+    async def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        await self.health.set("", status)
+
+
+async def start_server(
+    listen: str, bindings: Sequence[ServiceBinding], max_message_bytes: int
+) -> RunningServer:
+    """Start a server on ``listen`` (port 0 picks a free one); health starts NOT_SERVING and
+    the caller flips it once everything behind the services is ready."""
+    server = grpc.aio.server(options=message_options(max_message_bytes))
+    for binding in bindings:
+        binding.add_to_server(binding.servicer, server)
+    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [b.full_name for b in bindings]
+    reflection.enable_server_reflection(
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
+        server,
+    )
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    await server.start()
+    running = RunningServer(server, port, health_servicer)
+    await running.set_serving(False)
+    return running
+
+
+def channel(address: str, max_message_bytes: int) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address, options=message_options(max_message_bytes))

@@ -1,0 +1,100 @@
+"""Servicers of the fleet registry API: thin adapters over ``core.registry.Registry``.
+
+Calls that write to the store run in a worker thread so a slow disk or database never stalls
+the event loop that also serves heartbeats; heartbeats themselves touch only memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from fleetshift.v1 import fleet_pb2 as pb
+from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
+from fleetshift_common.errors import InvalidArgument
+from fleetshift_rpc.errors import rpc_errors
+from fleetshift_rpc.server import ServiceBinding
+
+from fleetshift_daemon.api import convert
+from fleetshift_daemon.core.registry import Registry
+
+
+class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
+    def __init__(self, registry: Registry, heartbeat_interval_ms: int) -> None:
+        self._registry = registry
+        self._heartbeat_interval_ms = heartbeat_interval_ms
+
+    @rpc_errors
+    async def RegisterNode(
+        self, request: pb.RegisterNodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterNodeResponse:
+        node, created = await asyncio.to_thread(
+            self._registry.register, convert.registration(request)
+        )
+        return pb.RegisterNodeResponse(
+            node=convert.node_pb(node),
+            heartbeat_interval_ms=self._heartbeat_interval_ms,
+            created=created,
+        )
+
+    @rpc_errors
+    async def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HeartbeatResponse:
+        workers = [convert.counters(w) for w in request.workers]
+        node = self._registry.heartbeat(request.node_name, workers)
+        return pb.HeartbeatResponse(state=convert.node_pb(node).state, cordoned=node.cordoned)
+
+
+class FleetOperatorServicer(pb_grpc.FleetOperatorServicer):
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+
+    @rpc_errors
+    async def ListNodes(
+        self, request: pb.ListNodesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListNodesResponse:
+        state = None
+        if request.state != pb.NODE_STATE_UNSPECIFIED:
+            if request.state not in convert.STATE_FROM_PB:
+                raise InvalidArgument(f"state {request.state} is not a node state", field="state")
+            state = convert.STATE_FROM_PB[request.state]
+        nodes = self._registry.nodes(state, request.gpu_product_contains)
+        return pb.ListNodesResponse(nodes=[convert.node_pb(n) for n in nodes])
+
+    @rpc_errors
+    async def GetNode(
+        self, request: pb.GetNodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Node:
+        return convert.node_pb(self._registry.get(request.node_name))
+
+    @rpc_errors
+    async def CordonNode(
+        self, request: pb.CordonNodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Node:
+        node = await asyncio.to_thread(
+            self._registry.set_cordon, request.node_name, True, request.reason
+        )
+        return convert.node_pb(node)
+
+    @rpc_errors
+    async def UncordonNode(
+        self, request: pb.UncordonNodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Node:
+        node = await asyncio.to_thread(self._registry.set_cordon, request.node_name, False)
+        return convert.node_pb(node)
+
+
+def bindings(registry: Registry, heartbeat_interval_ms: int) -> list[ServiceBinding]:
+    return [
+        ServiceBinding(
+            pb_grpc.add_AgentRegistryServicer_to_server,
+            AgentRegistryServicer(registry, heartbeat_interval_ms),
+            pb.DESCRIPTOR.services_by_name["AgentRegistry"].full_name,
+        ),
+        ServiceBinding(
+            pb_grpc.add_FleetOperatorServicer_to_server,
+            FleetOperatorServicer(registry),
+            pb.DESCRIPTOR.services_by_name["FleetOperator"].full_name,
+        ),
+    ]

@@ -1,0 +1,170 @@
+"""The fleet registry: an in-memory view of every node, kept in step with a durable store.
+
+Hot paths (heartbeats now, routing later) must never wait on a database query, so the view is
+the source of reads and the store is written first on every change that matters after a
+restart (registration, cordon, liveness transitions). Heartbeat timestamps are the exception:
+they change every second per node and are flushed in batches by the periodic sweep, because
+losing a few seconds of them in a crash only delays a `lost` verdict, never loses a node.
+
+A change is written to the store before the view is updated, so a failed write leaves the
+registry exactly as it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
+
+from fleetshift_common.errors import InvalidArgument, NotFound
+
+from fleetshift_daemon.core.fleet import (
+    NodeRecord,
+    NodeState,
+    Registration,
+    WorkerCounters,
+)
+from fleetshift_daemon.core.validation import (
+    RegistrationLimits,
+    check_node_name,
+    check_registration,
+)
+
+
+class RegistryStore(Protocol):
+    """What the registry needs from durable storage (SQL in production, anything in tests)."""
+
+    def load_nodes(self) -> list[NodeRecord]: ...
+
+    def save_node(self, node: NodeRecord) -> None: ...
+
+    def update_status(self, name: str, state: NodeState, cordoned: bool, reason: str) -> None: ...
+
+    def record_heartbeats(self, seen: Mapping[str, float]) -> None: ...
+
+
+class NodeNotFound(NotFound):
+    pass
+
+
+class Registry:
+    def __init__(
+        self,
+        store: RegistryStore,
+        clock: Callable[[], float],
+        lost_after_s: float,
+        limits: RegistrationLimits | None = None,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._lost_after_s = lost_after_s
+        self._limits = limits or RegistrationLimits()
+        self._nodes: dict[str, NodeRecord] = {}
+        self._last_seen: dict[str, float] = {}  # liveness clock, in memory only
+        self._unflushed: dict[str, float] = {}  # heartbeat times not yet in the store
+        self._lock = threading.RLock()
+
+    def load(self) -> None:
+        """Read the store into the view. Every node gets a full timeout from now before it can
+        turn lost, so a daemon restart never declares healthy nodes lost."""
+        now = self._clock()
+        with self._lock:
+            self._nodes = {n.name: n for n in self._store.load_nodes()}
+            self._last_seen = dict.fromkeys(self._nodes, now)
+
+    def register(self, reg: Registration) -> tuple[NodeRecord, bool]:
+        check_registration(reg, self._limits)
+        now = self._clock()
+        with self._lock:
+            known = self._nodes.get(reg.node_name)
+            node = NodeRecord(
+                name=reg.node_name,
+                agent_address=reg.agent_address,
+                state=NodeState.READY,
+                inventory_source=reg.inventory_source,
+                versions=reg.versions,
+                gpus=reg.gpus,
+                registered_at=known.registered_at if known else now,
+                last_heartbeat_at=now,
+                cordoned=known.cordoned if known else False,
+                cordon_reason=known.cordon_reason if known else "",
+            )
+            self._store.save_node(node)
+            self._nodes[node.name] = node
+            self._last_seen[node.name] = now
+            self._unflushed.pop(node.name, None)
+            return node, known is None
+
+    def heartbeat(self, name: str, workers: Sequence[WorkerCounters] = ()) -> NodeRecord:
+        if not name:
+            raise InvalidArgument("node_name must not be empty", field="node_name")
+        if len(workers) > self._limits.max_workers_per_heartbeat:
+            raise InvalidArgument(
+                f"workers lists {len(workers)} entries, the limit is "
+                f"{self._limits.max_workers_per_heartbeat}",
+                field="workers",
+            )
+        now = self._clock()
+        with self._lock:
+            node = self._require(name)
+            if node.state is NodeState.LOST:
+                self._store.update_status(name, NodeState.READY, node.cordoned, node.cordon_reason)
+            node = dataclasses.replace(
+                node, state=NodeState.READY, last_heartbeat_at=now, workers=tuple(workers)
+            )
+            self._nodes[name] = node
+            self._last_seen[name] = now
+            self._unflushed[name] = now
+            return node
+
+    def set_cordon(self, name: str, cordoned: bool, reason: str = "") -> NodeRecord:
+        check_node_name(name, self._limits)
+        if len(reason) > self._limits.max_text * 4:
+            raise InvalidArgument("reason is too long (512 characters at most)", field="reason")
+        with self._lock:
+            node = self._require(name)
+            reason = reason if cordoned else ""
+            self._store.update_status(name, node.state, cordoned, reason)
+            node = dataclasses.replace(node, cordoned=cordoned, cordon_reason=reason)
+            self._nodes[name] = node
+            return node
+
+    def get(self, name: str) -> NodeRecord:
+        check_node_name(name, self._limits)
+        with self._lock:
+            return self._require(name)
+
+    def nodes(self, state: NodeState | None = None, gpu_contains: str = "") -> list[NodeRecord]:
+        wanted = gpu_contains.lower()
+        nodes: Iterable[NodeRecord] = sorted(self._nodes.values(), key=lambda n: n.name)
+        return [
+            n
+            for n in nodes
+            if (state is None or n.state is state)
+            and (not wanted or any(wanted in p.lower() for p in n.gpu_products))
+        ]
+
+    def sweep(self) -> list[str]:
+        """Flush heartbeat times and turn silent nodes `lost`; returns the names that turned."""
+        now = self._clock()
+        turned: list[str] = []
+        with self._lock:
+            if self._unflushed:
+                self._store.record_heartbeats(self._unflushed)
+                self._unflushed = {}
+            for name, node in self._nodes.items():
+                silent_for = now - self._last_seen.get(name, now)
+                if node.state is NodeState.READY and silent_for > self._lost_after_s:
+                    self._store.update_status(
+                        name, NodeState.LOST, node.cordoned, node.cordon_reason
+                    )
+                    self._nodes[name] = dataclasses.replace(node, state=NodeState.LOST)
+                    turned.append(name)
+        return turned
+
+    def _require(self, name: str) -> NodeRecord:
+        node = self._nodes.get(name)
+        if node is None:
+            raise NodeNotFound(f"node {name!r} is not registered", field="node_name")
+        return node

@@ -1,0 +1,73 @@
+"""SQL schema of the fleet registry (SQLAlchemy 2 typed models).
+
+Alembic migrations in migrations/ are the only way this schema reaches a database; a test
+checks that a freshly migrated database matches these models exactly.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class NodeRow(Base):
+    __tablename__ = "nodes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    agent_address: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16))
+    cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
+    cordon_reason: Mapped[str] = mapped_column(String(512), default="")
+    inventory_source: Mapped[str] = mapped_column(String(16))
+    driver_version: Mapped[str] = mapped_column(String(128), default="")
+    cuda_version: Mapped[str] = mapped_column(String(128), default="")
+    torch_version: Mapped[str] = mapped_column(String(128), default="")
+    agent_version: Mapped[str] = mapped_column(String(128), default="")
+    registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    gpus: Mapped[list[GpuRow]] = relationship(
+        back_populates="node", cascade="all, delete-orphan", order_by="GpuRow.index"
+    )
+
+
+class GpuRow(Base):
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("node_id", "index", name="uq_gpus_node_id_index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    product_name: Mapped[str] = mapped_column(String(128))
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    bandwidth_class: Mapped[str] = mapped_column(String(32), default="")
+    compute_capability: Mapped[str] = mapped_column(String(8), default="")
+    fp8_supported: Mapped[bool] = mapped_column(Boolean, default=False)
+    nvlink_peers: Mapped[str] = mapped_column(String(256), default="")  # "1,2,3"
+    uuid: Mapped[str] = mapped_column(String(64), default="")
+
+    node: Mapped[NodeRow] = relationship(back_populates="gpus")

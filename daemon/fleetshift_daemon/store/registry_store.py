@@ -1,0 +1,132 @@
+"""SQL implementation of the registry core's ``RegistryStore``.
+
+Each method is one short transaction; the core decides when to call them, so this module only
+translates between rows and the core's frozen records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session, selectinload, sessionmaker
+
+from fleetshift_daemon.core.fleet import (
+    GpuInfo,
+    InventorySource,
+    NodeRecord,
+    NodeState,
+    NodeVersions,
+)
+from fleetshift_daemon.store.models import GpuRow, NodeRow
+
+
+def _to_dt(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, tz=UTC)
+
+
+def _to_ts(dt: datetime | None) -> float | None:
+    if dt is None:
+        return None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+
+
+class SqlRegistryStore:
+    def __init__(self, engine: Engine) -> None:
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    def load_nodes(self) -> list[NodeRecord]:
+        with self._sessions() as session:
+            rows = session.scalars(select(NodeRow).options(selectinload(NodeRow.gpus))).all()
+            return [_record(row) for row in rows]
+
+    def save_node(self, node: NodeRecord) -> None:
+        with self._sessions.begin() as session:
+            row = session.scalar(select(NodeRow).where(NodeRow.name == node.name))
+            if row is None:
+                row = NodeRow(name=node.name)
+                session.add(row)
+            _fill(row, node)
+            # Old GPU rows go first: the unit of work would insert before it deletes and trip
+            # the (node_id, index) unique constraint on a re-registration.
+            row.gpus.clear()
+            session.flush()
+            row.gpus.extend(_gpu_row(g) for g in node.gpus)
+
+    def update_status(self, name: str, state: NodeState, cordoned: bool, reason: str) -> None:
+        with self._sessions.begin() as session:
+            session.execute(
+                update(NodeRow)
+                .where(NodeRow.name == name)
+                .values(state=state.value, cordoned=cordoned, cordon_reason=reason)
+            )
+
+    def record_heartbeats(self, seen: Mapping[str, float]) -> None:
+        with self._sessions.begin() as session:
+            for name, ts in seen.items():
+                session.execute(
+                    update(NodeRow).where(NodeRow.name == name).values(last_heartbeat_at=_to_dt(ts))
+                )
+
+    def session(self) -> Session:
+        return self._sessions()
+
+
+def _fill(row: NodeRow, node: NodeRecord) -> None:
+    row.agent_address = node.agent_address
+    row.state = node.state.value
+    row.cordoned = node.cordoned
+    row.cordon_reason = node.cordon_reason
+    row.inventory_source = node.inventory_source.value
+    row.driver_version = node.versions.driver
+    row.cuda_version = node.versions.cuda
+    row.torch_version = node.versions.torch
+    row.agent_version = node.versions.agent
+    row.registered_at = _to_dt(node.registered_at)  # type: ignore[assignment]
+    row.last_heartbeat_at = _to_dt(node.last_heartbeat_at)
+
+
+def _gpu_row(gpu: GpuInfo) -> GpuRow:
+    return GpuRow(
+        index=gpu.index,
+        product_name=gpu.product_name,
+        memory_bytes=gpu.memory_bytes,
+        bandwidth_class=gpu.bandwidth_class,
+        compute_capability=gpu.compute_capability,
+        fp8_supported=gpu.fp8_supported,
+        nvlink_peers=",".join(str(p) for p in gpu.nvlink_peers),
+        uuid=gpu.uuid,
+    )
+
+
+def _record(row: NodeRow) -> NodeRecord:
+    return NodeRecord(
+        name=row.name,
+        agent_address=row.agent_address,
+        state=NodeState(row.state),
+        inventory_source=InventorySource(row.inventory_source),
+        versions=NodeVersions(
+            driver=row.driver_version,
+            cuda=row.cuda_version,
+            torch=row.torch_version,
+            agent=row.agent_version,
+        ),
+        gpus=tuple(
+            GpuInfo(
+                index=g.index,
+                product_name=g.product_name,
+                memory_bytes=g.memory_bytes,
+                bandwidth_class=g.bandwidth_class,
+                compute_capability=g.compute_capability,
+                fp8_supported=g.fp8_supported,
+                nvlink_peers=tuple(int(p) for p in g.nvlink_peers.split(",") if p),
+                uuid=g.uuid,
+            )
+            for g in row.gpus
+        ),
+        registered_at=_to_ts(row.registered_at) or 0.0,
+        last_heartbeat_at=_to_ts(row.last_heartbeat_at),
+        cordoned=row.cordoned,
+        cordon_reason=row.cordon_reason,
+    )
