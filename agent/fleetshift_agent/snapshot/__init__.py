@@ -18,12 +18,14 @@ from fleetshift_agent.snapshot.errors import (
 )
 from fleetshift_agent.snapshot.manifest import FileEntry, Manifest
 from fleetshift_agent.snapshot.snapshot import Snapshot, open_snapshot
+from fleetshift_agent.snapshot.store import RetentionPolicy, SnapshotStore, SnapshotSummary
 from fleetshift_agent.snapshot.writer import SnapshotInfo, write_snapshot
 
 __all__ = [
     "FileEntry",
     "InvalidSnapshotName",
     "Manifest",
+    "RetentionPolicy",
     "Snapshot",
     "SnapshotCorrupt",
     "SnapshotExists",
@@ -32,6 +34,8 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotNotFound",
     "SnapshotPartNotFound",
+    "SnapshotStore",
+    "SnapshotSummary",
     "TransferFailed",
     "UnsafeTensorFile",
     "open_snapshot",
