@@ -1,0 +1,495 @@
+"""The engine: sessions in, tokens out, one batched step at a time.
+
+Every step packs the pending tokens of all scheduled sessions into rows, runs the layers in
+fixed-size row chunks, computes each session's attention on its own through its block table,
+and samples one token for every session whose pending tokens are all done. Because prefill and
+decode are the same code path (a decode is a one-token slice), recomputing a session's KV from
+its token history gives the very bits the original run produced.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from fleetshift_common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+
+from fleetshift_agent.engine import model as M
+from fleetshift_agent.engine.config import (
+    ENGINE_NAME,
+    ENGINE_VERSION,
+    EngineConfig,
+    compile_enabled_by_env,
+)
+from fleetshift_agent.engine.kv_cache import PagedKVCache
+from fleetshift_agent.engine.sampling import SamplingParams, new_generator, sample
+from fleetshift_agent.engine.scheduler import Scheduler, Slice
+from fleetshift_agent.engine.session import Session, SessionExport, SessionState
+from fleetshift_agent.engine.weights import torch_dtype
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    session_id: str
+    index: int  # position among the session's generated tokens
+    token: int
+    finished: bool
+    finish_reason: str = ""
+
+
+@dataclass(frozen=True)
+class Counters:
+    prefill_tokens: int
+    decode_tokens: int
+    queue_depth: int
+    running: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    steps: int
+    preemptions: int
+    ttft_ms: tuple[float, ...]
+    tbt_ms: tuple[float, ...]
+
+
+def make_deterministic(device: torch.device) -> None:
+    """Process-wide settings without which the same inputs may give different bits."""
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+class Engine:
+    def __init__(
+        self,
+        model: M.LlamaModel,
+        config: EngineConfig,
+        *,
+        model_id: str,
+        weights_digest: str,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.model = model
+        self.mcfg = model.config
+        self.config = config
+        self.model_id = model_id
+        self.weights_digest = weights_digest
+        self.clock = clock
+        self.device = torch.device(config.device)
+        self.dtype = torch_dtype(config.dtype or self.mcfg.torch_dtype)
+        make_deterministic(self.device)
+        self.kv = PagedKVCache(
+            num_layers=self.mcfg.num_hidden_layers,
+            num_blocks=config.num_blocks,
+            block_size=config.block_size,
+            kv_heads=self.mcfg.num_key_value_heads,
+            head_dim=self.mcfg.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.scheduler = Scheduler(
+            self.kv, max_running=config.max_running, max_step_tokens=config.max_step_tokens
+        )
+        self.sessions: dict[str, Session] = {}
+        self.cos, self.sin = M.rope_table(self.mcfg, self.device)
+        self.compiled = compile_enabled_by_env(config.compile)
+        self._fns = _step_functions(self.compiled)
+        self._layers = [_layer_tensors(layer) for layer in model.model.layers]
+        self._embed = model.model.embed_tokens.weight.detach()
+        self._norm = model.model.norm.weight.detach()
+        self._head = model.lm_head.weight.detach()
+        self.prefill_tokens = 0
+        self.decode_tokens = 0
+        self.steps = 0
+        self._ttft: deque[float] = deque(maxlen=2048)
+        self._tbt: deque[float] = deque(maxlen=2048)
+
+    # ---- sessions -------------------------------------------------------------------------
+
+    def add_session(
+        self,
+        session_id: str,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        params: SamplingParams,
+        stop_token_ids: Sequence[int] = (),
+    ) -> Session:
+        if session_id in self.sessions:
+            raise AlreadyExists(f"session {session_id!r} exists", field="session_id")
+        self._check_tokens(prompt, "prompt_tokens", allow_empty=False)
+        self._check_tokens(stop_token_ids, "stop_token_ids", allow_empty=True)
+        if max_new_tokens <= 0:
+            raise InvalidArgument("max_new_tokens must be positive", field="max_new_tokens")
+        self._check_fits(len(prompt) + max_new_tokens)
+        s = Session(
+            session_id=session_id,
+            tokens=[int(t) for t in prompt],
+            prompt_len=len(prompt),
+            max_new_tokens=max_new_tokens,
+            params=params,
+            stop_token_ids=tuple(int(t) for t in stop_token_ids),
+            generator=new_generator(params.seed),
+            created_at=self.clock(),
+        )
+        self.sessions[session_id] = s
+        self.scheduler.enqueue(s)
+        return s
+
+    def _check_tokens(self, tokens: Sequence[int], name: str, *, allow_empty: bool) -> None:
+        if not tokens and not allow_empty:
+            raise InvalidArgument(f"{name} must not be empty", field=name)
+        bad = [t for t in tokens if not 0 <= t < self.mcfg.vocab_size]
+        if bad:
+            raise InvalidArgument(
+                f"{name} holds {bad[0]}, outside the vocabulary [0, {self.mcfg.vocab_size})",
+                field=name,
+            )
+
+    def _check_fits(self, total_tokens: int) -> None:
+        if total_tokens > self.mcfg.max_position_embeddings:
+            raise InvalidArgument(
+                f"prompt + max_new_tokens = {total_tokens} exceeds the model's "
+                f"{self.mcfg.max_position_embeddings} positions",
+                field="max_new_tokens",
+            )
+        if self.kv.blocks_for(total_tokens) > self.kv.num_blocks:
+            raise InvalidArgument(
+                f"{total_tokens} tokens can never fit the KV cache "
+                f"({self.kv.num_blocks} blocks of {self.kv.block_size})",
+                field="max_new_tokens",
+            )
+
+    def get(self, session_id: str) -> Session:
+        try:
+            return self.sessions[session_id]
+        except KeyError:
+            raise NotFound(f"no live session {session_id!r}", field="session_id") from None
+
+    def cancel(self, session_id: str) -> Session:
+        s = self.get(session_id)
+        self.scheduler.remove(s)
+        s.state = SessionState.FINISHED
+        s.finish_reason = "cancelled"
+        del self.sessions[session_id]
+        return s
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the step -------------------------------------------------------------------------
+
+    def step(self) -> list[TokenEvent]:
+        plan = self.scheduler.plan()
+        if not plan:
+            return []
+        with torch.inference_mode():
+            logits = self._forward(plan)
+        self.steps += 1
+        return self._advance(plan, logits)
+
+    def _forward(self, plan: list[Slice]) -> dict[str, torch.Tensor]:
+        rows = self.config.rows
+        tokens: list[int] = []
+        positions: list[int] = []
+        for sl in plan:
+            s = sl.session
+            tokens.extend(s.tokens[s.cached : s.cached + sl.tokens])
+            positions.extend(range(s.cached, s.cached + sl.tokens))
+        total = len(tokens)
+        padded = -(-total // rows) * rows
+        tok = torch.tensor(tokens + [0] * (padded - total), device=self.device)
+        pos = torch.tensor(positions + [0] * (padded - total), device=self.device)
+        x = self._embed[tok]
+        cos, sin = self.cos[pos], self.sin[pos]
+        write_slots = torch.cat(
+            [
+                self.kv.slots(sl.session.blocks, sl.session.cached, sl.session.cached + sl.tokens)
+                for sl in plan
+            ]
+        )
+        read_slots = [
+            self.kv.slots(sl.session.blocks, 0, sl.session.cached + sl.tokens) for sl in plan
+        ]
+        pre, post, _ = self._fns
+        eps, hd = self.mcfg.rms_norm_eps, self.mcfg.head_dim
+        for i, w in enumerate(self._layers):
+            q, k, v = _chunked3(
+                lambda c, c_cos, c_sin, w=w: pre(
+                    c,
+                    w["ln1"],
+                    w["wq"],
+                    w["wk"],
+                    w["wv"],
+                    w["bq"],
+                    w["bk"],
+                    w["bv"],
+                    c_cos,
+                    c_sin,
+                    eps,
+                    hd,
+                ),
+                rows,
+                x,
+                cos,
+                sin,
+            )
+            self.kv.write(i, write_slots, k[:total], v[:total])
+            attn = torch.zeros(padded, q.shape[1] * hd, dtype=x.dtype, device=self.device)
+            row = 0
+            for sl, slots in zip(plan, read_slots, strict=True):
+                keys, values = self.kv.read(i, slots)
+                start = sl.session.cached
+                for j in range(sl.tokens):
+                    seen = start + j + 1
+                    attn[row + j] = M.attend(q[row + j], keys[:seen], values[:seen])
+                row += sl.tokens
+            x = torch.cat(
+                [
+                    post(
+                        x[c : c + rows],
+                        attn[c : c + rows],
+                        w["wo"],
+                        w["ln2"],
+                        w["wg"],
+                        w["wu"],
+                        w["wd"],
+                        eps,
+                    )
+                    for c in range(0, padded, rows)
+                ]
+            )
+        return self._logits(plan, x)
+
+    def _logits(self, plan: list[Slice], x: torch.Tensor) -> dict[str, torch.Tensor]:
+        rows = self.config.rows
+        ends: list[int] = []
+        sampled: list[str] = []
+        row = 0
+        for sl in plan:
+            row += sl.tokens
+            if sl.session.cached + sl.tokens == len(sl.session.tokens):
+                ends.append(row - 1)
+                sampled.append(sl.session.session_id)
+        if not ends:
+            return {}
+        padded = -(-len(ends) // rows) * rows
+        idx = torch.tensor(ends + [0] * (padded - len(ends)), device=self.device)
+        h = x[idx]
+        _, _, final = self._fns
+        logits = torch.cat(
+            [
+                final(h[c : c + rows], self._norm, self._head, self.mcfg.rms_norm_eps)
+                for c in range(0, padded, rows)
+            ]
+        ).cpu()
+        return {sid: logits[i] for i, sid in enumerate(sampled)}
+
+    def _advance(self, plan: list[Slice], logits: dict[str, torch.Tensor]) -> list[TokenEvent]:
+        now = self.clock()
+        events: list[TokenEvent] = []
+        for sl in plan:
+            s = sl.session
+            decode = sl.tokens == 1 and len(s.tokens) > s.prompt_len
+            if decode:
+                self.decode_tokens += 1
+            else:
+                self.prefill_tokens += sl.tokens
+            s.cached += sl.tokens
+            row = logits.get(s.session_id)
+            if row is None:
+                continue
+            token = sample(row, s.params, s.generator)
+            s.tokens.append(token)
+            if s.last_token_at is None:
+                self._ttft.append((now - s.created_at) * 1000.0)
+            else:
+                self._tbt.append((now - s.last_token_at) * 1000.0)
+            s.last_token_at = now
+            reason = self._finish_reason(s, token)
+            if reason:
+                self.scheduler.remove(s)
+                s.state = SessionState.FINISHED
+                s.finish_reason = reason
+                del self.sessions[s.session_id]
+            events.append(
+                TokenEvent(s.session_id, len(s.generated) - 1, token, bool(reason), reason)
+            )
+        return events
+
+    @staticmethod
+    def _finish_reason(s: Session, token: int) -> str:
+        if token in s.stop_token_ids:
+            return "stop"
+        if len(s.generated) >= s.max_new_tokens:
+            return "length"
+        return ""
+
+    # ---- export / import ------------------------------------------------------------------
+
+    def platform(self) -> dict[str, Any]:
+        """What must match for KV computed here to be reused elsewhere."""
+        return {
+            "engine": f"{ENGINE_NAME}/{ENGINE_VERSION}",
+            "weights_digest": self.weights_digest,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "rows": self.config.rows,
+            "device_type": self.device.type,
+            "torch": torch.__version__,
+            "compiled": self.compiled,
+        }
+
+    def export_session(self, session_id: str, *, with_kv: bool) -> SessionExport:
+        s = self.get(session_id)
+        export = SessionExport(
+            description=s.describe(),
+            rng_state=s.generator.get_state(),
+            platform=self.platform(),
+        )
+        if with_kv and s.cached:
+            export.k, export.v = self.kv.export(s.blocks, s.cached)
+        else:
+            export.description["cached"] = 0
+        return export
+
+    def kv_mismatch(self, platform: dict[str, Any]) -> list[str]:
+        """Platform fields that differ; KV from a differing platform is recomputed instead."""
+        here = self.platform()
+        return sorted(k for k in here if platform.get(k) != here[k])
+
+    def import_session(self, export: SessionExport, *, use_kv: bool = True) -> Session:
+        """Adds an exported session; returns it. KV is used when present, allowed and valid."""
+        if export.platform.get("weights_digest") != self.weights_digest:
+            raise FailedPrecondition(
+                "session was made with other weights: weights_digest "
+                f"{export.platform.get('weights_digest')!r} != {self.weights_digest!r}",
+                field="weights_digest",
+            )
+        s = Session.from_description(export.description, export.rng_state)
+        if s.session_id in self.sessions:
+            raise AlreadyExists(f"session {s.session_id!r} exists", field="session_id")
+        if s.state is SessionState.FINISHED:
+            raise FailedPrecondition(f"session {s.session_id!r} has finished", field="session_id")
+        self._check_tokens(s.tokens, "tokens", allow_empty=False)
+        self._check_fits(s.prompt_len + s.max_new_tokens)
+        s.created_at = self.clock()
+        s.last_token_at = s.created_at if s.generated else None
+        cached = int(export.description.get("cached", 0))
+        if use_kv and export.has_kv and cached and not self.kv_mismatch(export.platform):
+            assert export.k is not None and export.v is not None
+            self._check_kv_shape(export.k, cached)
+            self.kv.grow(s.blocks, cached)
+            self.kv.load(s.blocks, export.k, export.v)
+            s.cached = cached
+        self.sessions[s.session_id] = s
+        self.scheduler.enqueue(s)
+        return s
+
+    def _check_kv_shape(self, k: torch.Tensor, cached: int) -> None:
+        want = (
+            self.mcfg.num_hidden_layers,
+            cached,
+            self.mcfg.num_key_value_heads,
+            self.mcfg.head_dim,
+        )
+        if tuple(k.shape) != want:
+            raise InvalidArgument(f"KV has shape {tuple(k.shape)}, expected {want}", field="kv")
+
+    def live_sessions(self) -> list[Session]:
+        """Running sessions first, then the queue in order: the order a restore re-enqueues."""
+        return [*self.scheduler.running, *self.scheduler.waiting]
+
+    # ---- counters -------------------------------------------------------------------------
+
+    def counters(self) -> Counters:
+        return Counters(
+            prefill_tokens=self.prefill_tokens,
+            decode_tokens=self.decode_tokens,
+            queue_depth=len(self.scheduler.waiting),
+            running=len(self.scheduler.running),
+            kv_blocks_used=self.kv.used_blocks,
+            kv_blocks_total=self.kv.num_blocks,
+            steps=self.steps,
+            preemptions=self.scheduler.preemptions,
+            ttft_ms=tuple(self._ttft),
+            tbt_ms=tuple(self._tbt),
+        )
+
+    def warm_up(self) -> None:
+        """Runs each step function once on dummy rows so compilation happens before serving."""
+        rows = self.config.rows
+        w = self._layers[0]
+        x = torch.zeros(rows, self.mcfg.hidden_size, dtype=self.dtype, device=self.device)
+        pre, post, final = self._fns
+        eps, hd = self.mcfg.rms_norm_eps, self.mcfg.head_dim
+        with torch.inference_mode():
+            q, _, _ = pre(
+                x,
+                w["ln1"],
+                w["wq"],
+                w["wk"],
+                w["wv"],
+                w["bq"],
+                w["bk"],
+                w["bv"],
+                self.cos[:rows],
+                self.sin[:rows],
+                eps,
+                hd,
+            )
+            attn = q.reshape(rows, -1)
+            post(x, attn, w["wo"], w["ln2"], w["wg"], w["wu"], w["wd"], eps)
+            final(x, self._norm, self._head, eps)
+
+
+def _layer_tensors(layer: M.DecoderLayer) -> dict[str, torch.Tensor | None]:
+    a, m = layer.self_attn, layer.mlp
+
+    def bias(lin: torch.nn.Linear) -> torch.Tensor | None:
+        return None if lin.bias is None else lin.bias.detach()
+
+    return {
+        "ln1": layer.input_layernorm.weight.detach(),
+        "wq": a.q_proj.weight.detach(),
+        "wk": a.k_proj.weight.detach(),
+        "wv": a.v_proj.weight.detach(),
+        "bq": bias(a.q_proj),
+        "bk": bias(a.k_proj),
+        "bv": bias(a.v_proj),
+        "wo": a.o_proj.weight.detach(),
+        "ln2": layer.post_attention_layernorm.weight.detach(),
+        "wg": m.gate_proj.weight.detach(),
+        "wu": m.up_proj.weight.detach(),
+        "wd": m.down_proj.weight.detach(),
+    }
+
+
+def _step_functions(compiled: bool) -> tuple[Callable[..., Any], ...]:
+    fns = (M.pre_attention, M.post_attention, M.final_logits)
+    if not compiled:
+        return fns
+    return tuple(torch.compile(f, dynamic=False, fullgraph=True) for f in fns)
+
+
+def _chunked3(
+    fn: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    rows: int,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    parts = [
+        fn(x[c : c + rows], cos[c : c + rows], sin[c : c + rows])
+        for c in range(0, x.shape[0], rows)
+    ]
+    q, k, v = zip(*parts, strict=True)
+    return torch.cat(q), torch.cat(k), torch.cat(v)
