@@ -1,0 +1,515 @@
+"""Choose the worker (or prefill + decode pair) for one request by a soft score.
+
+The score multiplies phase fit (how fast this worker's GPU kind runs the phase the request is
+heavy in, relative to the model's best), predicted latency against the SLO (from the
+performance model, with the worker's queue and live batch), load and KV headroom (a long
+context avoids a worker where it would evict others). Nothing is a hard filter: a cordoned or
+unhealthy worker only scores very low, so a request is still answered when the preferred pool
+is full; it goes elsewhere rather than queue.
+
+Speed: the daemon answers thousands of Route calls per second against a thousand nodes, so no
+call walks every worker. Workers of a model are grouped into classes (role, GPU kind, TP,
+dtype) whose performance coefficients are computed once; a call scores each class, samples a
+few workers per class (power of d choices picks the least loaded) and scores only those.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from fleetshift_common.errors import InvalidArgument, NotFound
+
+from fleetshift_daemon.core.corrections import Phase
+from fleetshift_daemon.core.estimator import OutputLengthEstimator
+from fleetshift_daemon.core.gpus import GpuKind
+from fleetshift_daemon.core.perfmodel import (
+    Deployment,
+    Dtype,
+    ModelArch,
+    PerfCoefficients,
+    PerfModel,
+)
+from fleetshift_daemon.core.traffic import TrafficMonitor
+
+
+class Role(enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    MIXED = "mixed"
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_ms: float | None = None
+    tbt_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """What the router knows of one worker (from the registry and the last heartbeat)."""
+
+    id: str
+    node: str
+    model: str
+    role: Role
+    gpu: GpuKind
+    tp: int
+    dtype: Dtype = Dtype.BF16
+    queue_tokens: int = 0  # prompt tokens waiting for prefill
+    kv_used_tokens: int = 0
+    kv_total_tokens: int | None = None  # None: the performance model's capacity
+    live_sessions: int = 0
+    healthy: bool = True
+    cordoned: bool = False
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    model: str
+    prompt_tokens: int
+    expected_output_tokens: int | None = None
+    slo: Slo | None = None
+    preferred_worker_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ScoreTerms:
+    phase_fit: float
+    latency: float
+    load: float
+    kv_headroom: float
+    health: float
+    affinity: float
+    total: float
+    predicted_ttft_ms: float
+    predicted_tbt_ms: float
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    worker_id: str  # the worker the request goes to first (the prefill worker of a pair)
+    prefill_worker_id: str | None  # set for a split pair
+    decode_worker_id: str | None
+    reason: str
+    terms: ScoreTerms
+    output_tokens: float
+    output_estimated: bool
+    candidates_scored: int
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    per_class_samples: int = 3  # power of d choices inside each worker class
+    default_ttft_ms: float = 2000.0  # latency scale when the request states no SLO
+    default_tbt_ms: float = 100.0
+    slo_miss_penalty: float = 4.0  # score falls as 1 / (1 + penalty * relative overshoot)
+    affinity_bonus: float = 1.5  # preferred worker (prefix cache, session) when it has room
+    kv_link_gbps: float = 50.0  # inter-node bandwidth a split pair moves the KV over
+    cordoned_factor: float = 0.01
+    unhealthy_factor: float = 1e-4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.per_class_samples < 1:
+            raise InvalidArgument("per_class_samples must be >= 1", field="per_class_samples")
+        for name in ("default_ttft_ms", "default_tbt_ms", "kv_link_gbps", "affinity_bonus"):
+            if not getattr(self, name) > 0:
+                raise InvalidArgument(f"{name} must be > 0", field=name)
+
+
+_SLOT = {Role.MIXED: 0, Role.PREFILL: 1, Role.DECODE: 2}
+
+
+class _Worker:
+    __slots__ = ("cls", "cordoned", "healthy", "id", "kv_total", "kv_used", "queue", "sessions")
+
+    def __init__(self, view: WorkerView, cls: _Class) -> None:
+        self.id = view.id
+        self.cls = cls
+        self.queue = view.queue_tokens
+        self.kv_used = view.kv_used_tokens
+        self.kv_total = view.kv_total_tokens or cls.coeff.kv_capacity_tokens
+        self.sessions = view.live_sessions
+        self.healthy = view.healthy
+        self.cordoned = view.cordoned
+
+
+@dataclass(eq=False)
+class _Class:
+    role: Role
+    gpu: GpuKind
+    tp: int
+    dtype: Dtype
+    dep: Deployment
+    coeff: PerfCoefficients
+    workers: list[_Worker] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpu.name} x{self.tp} {self.dtype.value} {self.role.value}"
+
+
+@dataclass(eq=False)
+class _ModelIndex:
+    arch: ModelArch
+    classes: list[_Class] = field(default_factory=list)
+
+
+class _Cand:
+    """One scored worker; plain slots, turned into ScoreTerms only for the winner."""
+
+    __slots__ = (
+        "affinity",
+        "health",
+        "kv",
+        "latency",
+        "load",
+        "phase_fit",
+        "tbt",
+        "total",
+        "ttft",
+        "worker",
+    )
+
+    def __init__(
+        self,
+        total: float,
+        worker: _Worker,
+        ttft: float,
+        tbt: float,
+        phase_fit: float,
+        latency: float,
+        load: float,
+        kv: float,
+        health: float,
+        affinity: float,
+    ) -> None:
+        self.total, self.worker, self.ttft, self.tbt = total, worker, ttft, tbt
+        self.phase_fit, self.latency, self.load, self.kv = phase_fit, latency, load, kv
+        self.health, self.affinity = health, affinity
+
+    def terms(self) -> ScoreTerms:
+        return ScoreTerms(
+            self.phase_fit,
+            self.latency,
+            self.load,
+            self.kv,
+            self.health,
+            self.affinity,
+            self.total,
+            self.ttft * 1e3,
+            self.tbt * 1e3,
+        )
+
+
+class Router:
+    """Holds an indexed copy of the fleet; ``route`` reads it, ``update_*`` refresh it."""
+
+    def __init__(
+        self,
+        perf: PerfModel,
+        models: Iterable[ModelArch],
+        *,
+        estimator: OutputLengthEstimator | None = None,
+        traffic: TrafficMonitor | None = None,
+        config: RouterConfig | None = None,
+    ) -> None:
+        self._perf = perf
+        self._archs = {m.name: m for m in models}
+        self._estimator = estimator
+        self._traffic = traffic
+        self._cfg = config or RouterConfig()
+        self._rng = random.Random(self._cfg.seed)
+        self._index: dict[str, _ModelIndex] = {}
+        self._workers: dict[str, _Worker] = {}
+        self._lock = threading.Lock()
+
+    # -- fleet view -------------------------------------------------------------------------
+
+    def update_fleet(self, workers: Sequence[WorkerView]) -> None:
+        """Replace the whole view (registry change). O(workers); not on the per-call path."""
+        index: dict[str, _ModelIndex] = {}
+        by_id: dict[str, _Worker] = {}
+        classes: dict[tuple[str, Role, str, int, Dtype], _Class] = {}
+        for i, w in enumerate(workers):
+            arch = self._archs.get(w.model)
+            if arch is None:
+                raise NotFound(
+                    f"model {w.model!r} of worker {w.id!r} is not known",
+                    field=f"workers[{i}].model",
+                )
+            if w.id in by_id:
+                raise InvalidArgument(f"worker {w.id!r} listed twice", field=f"workers[{i}].id")
+            key = (w.model, w.role, w.gpu.name, w.tp, w.dtype)
+            cls = classes.get(key)
+            if cls is None:
+                dep = Deployment(arch=arch, gpu=w.gpu, tp=w.tp, dtype=w.dtype)
+                cls = _Class(w.role, w.gpu, w.tp, w.dtype, dep, self._perf.coefficients(dep))
+                classes[key] = cls
+                index.setdefault(w.model, _ModelIndex(arch)).classes.append(cls)
+            worker = _Worker(w, cls)
+            cls.workers.append(worker)
+            by_id[w.id] = worker
+        with self._lock:
+            self._index = index
+            self._workers = by_id
+
+    def update_load(
+        self,
+        worker_id: str,
+        *,
+        queue_tokens: int,
+        kv_used_tokens: int,
+        live_sessions: int,
+        healthy: bool = True,
+        cordoned: bool = False,
+    ) -> None:
+        """A heartbeat's counters; O(1)."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            raise NotFound(f"worker {worker_id!r} is not known", field="worker_id")
+        w.queue, w.kv_used, w.sessions = queue_tokens, kv_used_tokens, live_sessions
+        w.healthy, w.cordoned = healthy, cordoned
+
+    # -- routing ----------------------------------------------------------------------------
+
+    def route(self, req: RouteRequest) -> RouteDecision:
+        cfg = self._cfg
+        idx, out, estimated, ttft_slo, tbt_slo, preferred = self._validate(req)
+        prompt = req.prompt_tokens
+        sq = float(prompt) * prompt
+        need_kv = prompt + out
+        ctx_add = prompt + out / 2.0
+        corr = self._perf.correction
+
+        # Unloaded per-class phase times: the reference for phase and hardware fit.
+        refs = []
+        for c in idx.classes:
+            cp = corr(c.dep, Phase.PREFILL)
+            cd = corr(c.dep, Phase.DECODE)
+            refs.append(
+                (
+                    c,
+                    cp,
+                    cd,
+                    c.coeff.prefill_s(prompt, sq, 1) * cp,
+                    c.coeff.decode_s(1, ctx_add) * cd,
+                )
+            )
+        best_p = min(r[3] for r in refs)
+        best_d = min(r[4] for r in refs)
+        share_p = best_p / (best_p + out * best_d)  # of the request's time, on the best GPUs
+
+        pen = cfg.slo_miss_penalty
+        best: list[_Cand | None] = [None, None, None]  # indexed by _SLOT[role]
+        scored = 0
+        for c, cp, cd, ref_p, ref_d in refs:
+            role = c.role
+            co = c.coeff
+            rel_p, rel_d = best_p / ref_p, best_d / ref_d
+            if role is Role.PREFILL:
+                phase_fit = rel_p
+            elif role is Role.DECODE:
+                phase_fit = rel_d
+            else:
+                phase_fit = share_p * rel_p + (1.0 - share_p) * rel_d
+            does_p = role is not Role.DECODE
+            does_d = role is not Role.PREFILL
+            wait_per_token = co.p_tok * cp
+            slot = _SLOT[role]
+            current = best[slot]
+            kv_floor = 0.05
+            for w in self._sample(c, preferred):
+                scored += 1
+                ttft = co.prefill_s(w.queue + prompt, sq, 1) * cp if does_p else 0.0
+                tbt = co.decode_s(w.sessions + 1, w.kv_used + ctx_add) * cd if does_d else 0.0
+                over_t = ttft / ttft_slo - 1.0
+                over_d = tbt / tbt_slo - 1.0
+                latency = 1.0 / (
+                    (1.0 + pen * over_t if over_t > 0 else 1.0)
+                    * (1.0 + pen * over_d if over_d > 0 else 1.0)
+                )
+                load = 1.0 / (1.0 + wait_per_token * w.queue / ttft_slo)
+                kv = 1.0
+                if does_d:  # >= 20 % free after: 1; full: 0.3; would evict others: 0.05
+                    free_after = w.kv_total - w.kv_used - need_kv
+                    kv = (
+                        kv_floor
+                        if free_after < 0
+                        else 0.3 + 0.7 * min(1.0, free_after / (0.2 * w.kv_total))
+                    )
+                health = (
+                    1.0
+                    if w.healthy and not w.cordoned
+                    else cfg.cordoned_factor
+                    if w.healthy
+                    else cfg.unhealthy_factor
+                )
+                affinity = cfg.affinity_bonus if w is preferred else 1.0
+                total = phase_fit * latency * load * kv * health * affinity
+                if current is None or total > current.total:
+                    current = _Cand(
+                        total, w, ttft, tbt, phase_fit, latency, load, kv, health, affinity
+                    )
+            best[slot] = current
+        return self._decide(req, best, out, estimated, scored, ttft_slo)
+
+    def _validate(
+        self, req: RouteRequest
+    ) -> tuple[_ModelIndex, float, bool, float, float, _Worker | None]:
+        cfg = self._cfg
+        if isinstance(req.prompt_tokens, bool) or req.prompt_tokens <= 0:
+            raise InvalidArgument(
+                f"prompt_tokens must be > 0, got {req.prompt_tokens}", field="prompt_tokens"
+            )
+        idx = self._index.get(req.model)
+        if idx is None:
+            raise NotFound(f"model {req.model!r} is served by no worker", field="model")
+        slo = req.slo or Slo()
+        for name, value in (("ttft_ms", slo.ttft_ms), ("tbt_ms", slo.tbt_ms)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise InvalidArgument(f"slo.{name} must be > 0, got {value}", field=f"slo.{name}")
+        preferred = None
+        if req.preferred_worker_id:
+            preferred = self._workers.get(req.preferred_worker_id)
+            if preferred is None:
+                raise NotFound(
+                    f"preferred worker {req.preferred_worker_id!r} is not known",
+                    field="preferred_worker_id",
+                )
+            if preferred.cls.dep.arch.name != req.model:
+                raise InvalidArgument(
+                    f"preferred worker {req.preferred_worker_id!r} serves "
+                    f"{preferred.cls.dep.arch.name!r}, not {req.model!r}",
+                    field="preferred_worker_id",
+                )
+        if req.expected_output_tokens is not None:
+            if req.expected_output_tokens <= 0:
+                raise InvalidArgument(
+                    "expected_output_tokens must be > 0 when given",
+                    field="expected_output_tokens",
+                )
+            out, estimated = float(req.expected_output_tokens), False
+        elif self._estimator is not None:
+            out, estimated = self._estimator.estimate(req.model, req.prompt_tokens), True
+        else:
+            out, estimated = 256.0, True
+        if self._traffic is not None:
+            self._traffic.observe_request(req.model, req.prompt_tokens, out)
+        ttft = (slo.ttft_ms or cfg.default_ttft_ms) / 1e3
+        tbt = (slo.tbt_ms or cfg.default_tbt_ms) / 1e3
+        return idx, out, estimated, ttft, tbt, preferred
+
+    def _sample(self, c: _Class, preferred: _Worker | None) -> list[_Worker]:
+        workers = c.workers
+        k = self._cfg.per_class_samples
+        n = len(workers)
+        if n <= k:
+            pool = list(workers)
+        else:
+            rnd = self._rng.random
+            pool = [workers[int(rnd() * n)] for _ in range(k)]
+        if preferred is not None and preferred.cls is c and preferred not in pool:
+            pool.append(preferred)
+        return pool
+
+    def _decide(
+        self,
+        req: RouteRequest,
+        best: list[_Cand | None],
+        out: float,
+        estimated: bool,
+        scored: int,
+        ttft_slo: float,
+    ) -> RouteDecision:
+        single, p, d = best
+        pair = self._pair_terms(req, p, d, ttft_slo) if p is not None and d is not None else None
+        if single is None and pair is None:
+            # Only one side of a split pool exists: it still answers, scored down.
+            only = p or d
+            assert only is not None
+            terms = _scaled(only.terms(), 0.1)
+            return self._decision(
+                only.worker,
+                None,
+                None,
+                terms,
+                out,
+                estimated,
+                scored,
+                "no complete pool for this model; ",
+            )
+        if pair is not None and (single is None or pair.total > single.total):
+            assert p is not None and d is not None
+            return self._decision(p.worker, p.worker, d.worker, pair, out, estimated, scored, "")
+        assert single is not None
+        return self._decision(single.worker, None, None, single.terms(), out, estimated, scored, "")
+
+    def _pair_terms(self, req: RouteRequest, p: _Cand, d: _Cand, ttft_slo: float) -> ScoreTerms:
+        cfg = self._cfg
+        kv_bytes = req.prompt_tokens * d.worker.cls.coeff.kv_bytes_per_token
+        ttft = p.ttft + kv_bytes / (cfg.kv_link_gbps * 1e9)
+        over_t = max(0.0, ttft / ttft_slo - 1.0)
+        lat = d.latency / (1.0 + cfg.slo_miss_penalty * over_t)
+        phase_fit = math.sqrt(p.phase_fit * d.phase_fit)
+        health, affinity = min(p.health, d.health), max(p.affinity, d.affinity)
+        total = phase_fit * lat * p.load * d.kv * health * affinity
+        return ScoreTerms(
+            phase_fit, lat, p.load, d.kv, health, affinity, total, ttft * 1e3, d.tbt * 1e3
+        )
+
+    def _decision(
+        self,
+        first: _Worker,
+        prefill: _Worker | None,
+        decode: _Worker | None,
+        t: ScoreTerms,
+        out: float,
+        estimated: bool,
+        scored: int,
+        prefix: str,
+    ) -> RouteDecision:
+        if prefill is not None and decode is not None:
+            where = (
+                f"prefill on {prefill.id} ({prefill.cls.label}), decode on {decode.id} "
+                f"({decode.cls.label})"
+            )
+        else:
+            where = f"{first.id} ({first.cls.label})"
+        est = "estimated " if estimated else ""
+        reason = (
+            f"{prefix}{where}: predicted TTFT {t.predicted_ttft_ms:.0f} ms, TBT "
+            f"{t.predicted_tbt_ms:.1f} ms for {est}{out:.0f} output tokens; score {t.total:.3g} "
+            f"= phase fit {t.phase_fit:.2f} x latency {t.latency:.2f} x load {t.load:.2f} x KV "
+            f"headroom {t.kv_headroom:.2f} x health {t.health:.2g} x affinity {t.affinity:.2g}; "
+            f"best of {scored} candidates"
+        )
+        return RouteDecision(
+            worker_id=first.id,
+            prefill_worker_id=prefill.id if prefill else None,
+            decode_worker_id=decode.id if decode else None,
+            reason=reason,
+            terms=t,
+            output_tokens=out,
+            output_estimated=estimated,
+            candidates_scored=scored,
+        )
+
+
+def _scaled(t: ScoreTerms, factor: float) -> ScoreTerms:
+    return ScoreTerms(
+        t.phase_fit * factor,
+        t.latency,
+        t.load,
+        t.kv_headroom,
+        t.health,
+        t.affinity,
+        t.total * factor,
+        t.predicted_ttft_ms,
+        t.predicted_tbt_ms,
+    )
