@@ -8,10 +8,12 @@ hand-over and the sender's pid are the kernel's, not the test's.
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -258,6 +260,90 @@ def test_workers_spawned_with_child_environ_are_neither_watched_nor_notifying(
     sock.settimeout(0.2)
     with pytest.raises(TimeoutError):
         sock.recv(4096)
+
+
+# --------------------------------------------------------------------------- the real daemon
+
+# Runs the real fleetshiftd as systemd would: WATCHDOG_PID names the exec'ed process, and
+# MemoryDenyWriteExecute=yes is reproduced with the same seccomp filter (systemd/mdwe-probe.py)
+# so a dependency that needs W+X memory fails here rather than on the first production start.
+_DAEMON_UNDER_MDWE = """
+import importlib.util, mmap, runpy, sys
+spec = importlib.util.spec_from_file_location("mdwe_probe", sys.argv[1])
+probe = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(probe)
+probe._install_seccomp()
+try:
+    mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+except OSError:
+    pass
+else:
+    sys.exit("the MemoryDenyWriteExecute filter is not active")
+sys.argv = ["fleetshiftd", "--config", sys.argv[2]]
+runpy.run_module("fleetshift_daemon.main", run_name="__main__")
+"""
+
+
+def _next(sock: socket.socket, proc: subprocess.Popen[str], deadline_s: float = 60) -> list[str]:
+    """The assignments of the next datagram, which must come from the main pid."""
+    sock.settimeout(0.5)
+    for _ in range(int(deadline_s / 0.5)):
+        try:
+            message, sender = _recv(sock)
+        except TimeoutError:
+            if proc.poll() is not None:
+                assert proc.stderr is not None
+                pytest.fail(f"daemon exited with {proc.returncode}:\n{proc.stderr.read()}")
+            continue
+        assert sender == proc.pid, f"{message!r} came from pid {sender}, not {proc.pid}"
+        return message.splitlines()
+    pytest.fail(f"no sd_notify message within {deadline_s}s")
+
+
+@pytest.mark.skipif(ctypes.util.find_library("seccomp") is None, reason="libseccomp is missing")
+def test_daemon_speaks_the_unit_protocol_under_memory_deny_write_execute(
+    tmp_path: Path, abstract_socket: tuple[str, socket.socket]
+) -> None:
+    address, sock = abstract_socket
+    config = tmp_path / "daemon.toml"
+    port_file = tmp_path / "port"
+    config.write_text(
+        f'listen = "127.0.0.1:0"\nstate_dir = "{tmp_path}"\nport_file = "{port_file}"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "WATCHDOG_"))}
+    env |= {"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "1000000"}
+    script = 'WATCHDOG_PID=$$ exec "$0" -c "$1" "$2" "$3"'
+    probe = str(UNITS / "mdwe-probe.py")
+    proc = subprocess.Popen(
+        ["sh", "-c", script, sys.executable, _DAEMON_UNDER_MDWE, probe, str(config)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        seen: list[str] = []
+        while "READY=1" not in seen:
+            seen += _next(sock, proc)
+        port = int(port_file.read_text())
+        assert f"STATUS=serving on port {port}" in seen
+        # READY promises an answering server: the port accepts connections right now.
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        # Pings keep coming from the event loop, every half of WATCHDOG_USEC.
+        pings = 0
+        while pings < 2:
+            pings += "WATCHDOG=1" in _next(sock, proc)
+        proc.send_signal(signal.SIGTERM)
+        while "STOPPING=1" not in seen:
+            seen += _next(sock, proc)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stderr is not None
+        stderr = proc.stderr.read()
+    assert "Traceback" not in stderr
 
 
 # --------------------------------------------------------------------------- journal detection
