@@ -267,20 +267,30 @@ def test_workers_spawned_with_child_environ_are_neither_watched_nor_notifying(
 # Runs the real fleetshiftd as systemd would: WATCHDOG_PID names the exec'ed process, and
 # MemoryDenyWriteExecute=yes is reproduced with the same seccomp filter (systemd/mdwe-probe.py)
 # so a dependency that needs W+X memory fails here rather than on the first production start.
-_DAEMON_UNDER_MDWE = """
+_RUN_AS_UNIT = """
 import importlib.util, mmap, runpy, sys
-spec = importlib.util.spec_from_file_location("mdwe_probe", sys.argv[1])
-probe = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(probe)
-probe._install_seccomp()
-try:
-    mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
-except OSError:
-    pass
-else:
-    sys.exit("the MemoryDenyWriteExecute filter is not active")
-sys.argv = ["fleetshiftd", "--config", sys.argv[2]]
-runpy.run_module("fleetshift_daemon.main", run_name="__main__")
+module, config, probe_path = sys.argv[1:4]
+if probe_path:
+    spec = importlib.util.spec_from_file_location("mdwe_probe", probe_path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    probe._install_seccomp()
+    try:
+        mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    except OSError:
+        pass
+    else:
+        sys.exit("the MemoryDenyWriteExecute filter is not active")
+sys.argv = [module, "--config", config]
+runpy.run_module(module, run_name="__main__")
+"""
+
+_AGENT_TOML = """
+daemon_address = "127.0.0.1:9"
+inventory = "declared"
+[[gpus]]
+product_name = "NVIDIA H100 80GB HBM3"
+count = 2
 """
 
 
@@ -301,21 +311,34 @@ def _next(sock: socket.socket, proc: subprocess.Popen[str], deadline_s: float = 
 
 
 @pytest.mark.skipif(ctypes.util.find_library("seccomp") is None, reason="libseccomp is missing")
-def test_daemon_speaks_the_unit_protocol_under_memory_deny_write_execute(
-    tmp_path: Path, abstract_socket: tuple[str, socket.socket]
+@pytest.mark.parametrize(
+    ("module", "extra_toml", "deny_write_execute"),
+    [("fleetshift_daemon.main", "", True), ("fleetshift_agent.main", _AGENT_TOML, False)],
+    ids=["daemon", "agent"],
+)
+def test_service_speaks_the_unit_protocol(
+    tmp_path: Path,
+    abstract_socket: tuple[str, socket.socket],
+    module: str,
+    extra_toml: str,
+    deny_write_execute: bool,
 ) -> None:
+    """Each process as its unit runs it: WATCHDOG_PID names the exec'ed process, and the
+    daemon runs under the same W^X seccomp filter MemoryDenyWriteExecute=yes installs, so a
+    dependency needing W+X memory fails here rather than at the first production start."""
     address, sock = abstract_socket
-    config = tmp_path / "daemon.toml"
+    config = tmp_path / "service.toml"
     port_file = tmp_path / "port"
     config.write_text(
         f'listen = "127.0.0.1:0"\nstate_dir = "{tmp_path}"\nport_file = "{port_file}"\n'
+        + extra_toml
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "WATCHDOG_"))}
     env |= {"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "1000000"}
-    script = 'WATCHDOG_PID=$$ exec "$0" -c "$1" "$2" "$3"'
-    probe = str(UNITS / "mdwe-probe.py")
+    script = 'WATCHDOG_PID=$$ exec "$0" -c "$1" "$2" "$3" "$4"'
+    probe = str(UNITS / "mdwe-probe.py") if deny_write_execute else ""
     proc = subprocess.Popen(
-        ["sh", "-c", script, sys.executable, _DAEMON_UNDER_MDWE, probe, str(config)],
+        ["sh", "-c", script, sys.executable, _RUN_AS_UNIT, module, str(config), probe],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
