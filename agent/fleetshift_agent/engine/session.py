@@ -74,7 +74,7 @@ class Session:
             temperature=float(d["temperature"]), top_p=float(d["top_p"]), seed=int(d["seed"])
         )
         gen = new_generator(params.seed)
-        gen.set_state(rng_state.to(torch.uint8).cpu())
+        gen.set_state(rng_state.to(device="cpu", dtype=torch.uint8).clone())  # own storage
         return cls(
             session_id=str(d["session_id"]),
             tokens=[int(t) for t in d["tokens"]],

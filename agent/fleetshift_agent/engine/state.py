@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from fleetshift_common.errors import AlreadyExists
 
 from fleetshift_agent.engine.config import EngineConfig, ModelConfig
 from fleetshift_agent.engine.engine import Clock, Engine
@@ -109,7 +110,7 @@ def restore_state(
         model, cfg, model_id=meta["model_id"], weights_digest=meta["weights_digest"], clock=clock
     )
     mismatch = tuple(engine.kv_mismatch(meta["platform"])) if use_kv else ()
-    restored = _import_sessions(engine, state, meta["platform"], use_kv=use_kv)
+    restored = import_sessions(engine, state, meta["platform"], use_kv=use_kv)
     report = RestoreReport(
         sessions=tuple(s.session_id for s in restored),
         kv_restored=tuple(s.session_id for s in restored if s.cached),
@@ -119,11 +120,16 @@ def restore_state(
     return engine, report
 
 
-def _import_sessions(
+def import_sessions(
     engine: Engine, state: EngineState, platform: Mapping[str, Any], *, use_kv: bool
 ) -> list[Session]:
     kv = state.tensor_groups.get("kv", {})
     rng = state.tensor_groups.get("rng", {})
+    taken = [
+        d["session_id"] for d in state.json_parts["sessions"] if d["session_id"] in engine.sessions
+    ]
+    if taken:
+        raise AlreadyExists(f"session_id {taken[0]!r} already lives here", field="session_id")
     out: list[Session] = []
     for desc in state.json_parts["sessions"]:
         key = desc["key"]

@@ -1,0 +1,3 @@
+from fleetshift_agent.worker.app import main
+
+raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""Runs the engine on its own thread and gives control calls a step boundary.
+
+The engine is synchronous and not thread-safe. One thread steps it in a loop; every control
+call (add a session, pause, snapshot, export) runs under the same lock, so it always sees the
+engine between two steps. A control call that is waiting holds the loop back, so a busy
+engine cannot starve it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from fleetshift_agent.engine import Engine, TokenEvent
+
+T = TypeVar("T")
+
+
+class EngineRunner:
+    def __init__(self, engine: Engine, publish: Callable[[list[TokenEvent]], None]) -> None:
+        self.engine = engine
+        self._publish = publish
+        self._cv = threading.Condition()
+        self._waiting_control = 0
+        self._count_lock = threading.Lock()  # not the step lock: counting must not wait
+        self._paused = False
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+        self._thread.join(timeout=30)
+
+    def _runnable(self) -> bool:
+        if self._stopped:
+            return True
+        return not self._waiting_control and not self._paused and self.engine.has_work()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(self._runnable)
+                if self._stopped:
+                    return
+                events = self.engine.step()
+                if events:
+                    self._publish(events)  # under the lock: ordered before any control call
+
+    def call_blocking(self, fn: Callable[[], T]) -> T:
+        with self._count_lock:
+            self._waiting_control += 1
+        with self._cv:
+            try:
+                return fn()
+            finally:
+                with self._count_lock:
+                    self._waiting_control -= 1
+                self._cv.notify_all()
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Runs ``fn`` between two steps, off the event loop."""
+        return await asyncio.to_thread(self.call_blocking, fn)
+
+    def set_paused(self, paused: bool) -> int:
+        """Must run inside ``call``: returns the step count at the boundary."""
+        self._paused = paused
+        return self.engine.steps

@@ -1,0 +1,364 @@
+"""``fleetshift.v1.WorkerService``: token streams for clients, control for the node agent.
+
+Handlers translate messages and call the engine through the runner, so every control call
+sees the engine at a step boundary; typed errors become gRPC statuses naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+from fleetshift.v1 import fleet_pb2, worker_pb2, worker_pb2_grpc
+from fleetshift_common.compat import CompatVerdict
+from fleetshift_common.errors import FailedPrecondition, FleetShiftError, InvalidArgument
+from fleetshift_rpc.errors import rpc_errors, status_for
+from fleetshift_rpc.server import ServiceBinding
+
+from fleetshift_agent.engine import Engine, SamplingParams, SessionExport
+from fleetshift_agent.engine.state import RestoreReport, capture_state
+from fleetshift_agent.snapshot import open_snapshot
+from fleetshift_agent.worker.feeds import Feed, Feeds
+from fleetshift_agent.worker.runner import EngineRunner
+from fleetshift_agent.worker.snapshots import (
+    engine_key,
+    import_snapshot_sessions,
+    write_engine_snapshot,
+)
+
+log = logging.getLogger("fleetshift.worker")
+
+ROLES = {
+    "prefill": worker_pb2.WORKER_ROLE_PREFILL,
+    "decode": worker_pb2.WORKER_ROLE_DECODE,
+    "mixed": worker_pb2.WORKER_ROLE_MIXED,
+}
+
+
+@dataclass
+class WorkerState:
+    worker_id: str
+    role: int
+    restored_from: str = ""
+    background: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+def _sampling(msg: worker_pb2.WorkerSampling) -> SamplingParams:
+    seed = msg.seed if msg.HasField("seed") else secrets.randbits(63)
+    top_p = msg.top_p if msg.HasField("top_p") else 1.0
+    try:
+        return SamplingParams(temperature=msg.temperature, top_p=top_p, seed=seed)
+    except InvalidArgument as err:
+        raise InvalidArgument(f"sampling.{err.message}", field=f"sampling.{err.field}") from None
+
+
+def _percentiles(samples: tuple[float, ...]) -> tuple[float, float]:
+    if not samples:
+        return 0.0, 0.0
+    p50, p99 = np.percentile(np.asarray(samples), [50, 99])
+    return float(p50), float(p99)
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
+    def __init__(
+        self,
+        runner: EngineRunner,
+        feeds: Feeds,
+        state: WorkerState,
+        loop: asyncio.AbstractEventLoop,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.loop = loop
+        self.runner = runner
+        self.engine: Engine = runner.engine
+        self.feeds = feeds
+        self.state = state
+        self.clock = clock
+
+    # ---- clients ------------------------------------------------------------------------
+
+    async def Generate(
+        self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        try:
+            feed, start = await self._open_stream(request)
+        except FleetShiftError as err:
+            await context.abort(status_for(err), err.message)
+            return
+        try:
+            async for msg in self._stream(feed, start):
+                yield msg
+        except asyncio.CancelledError:
+            if not feed.done:  # the client went away: so does its session
+                self._in_background(self._cancel_quietly(feed.session_id))
+            raise
+        if feed.closed:
+            await context.abort(
+                grpc.StatusCode.ABORTED,
+                f"session {feed.session_id!r} left this worker ({feed.closed}) after "
+                f"{len(feed.tokens)} tokens",
+            )
+
+    async def _open_stream(self, request: worker_pb2.GenerateRequest) -> tuple[Feed, int]:
+        if request.resume_session_id:
+            for name in ("prompt_tokens", "stop_token_ids"):
+                if len(getattr(request, name)):
+                    raise InvalidArgument(
+                        f"{name} must be empty with resume_session_id", field=name
+                    )
+            feed = self.feeds.get(request.resume_session_id, "resume_session_id")
+            return feed, request.resume_from_token
+        if request.resume_from_token:
+            raise InvalidArgument(
+                "resume_from_token needs resume_session_id", field="resume_from_token"
+            )
+        params = _sampling(request.sampling)
+        sid = request.session_id or uuid.uuid4().hex
+        feed = self.feeds.create(sid)
+        prompt = list(request.prompt_tokens)
+        stops = list(request.stop_token_ids)
+        try:
+            await self.runner.call(
+                lambda: self.engine.add_session(sid, prompt, request.max_new_tokens, params, stops)
+            )
+        except BaseException:
+            self.feeds.discard(sid)
+            raise
+        return feed, 0
+
+    async def _stream(self, feed: Feed, start: int) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        index = start
+        while True:
+            while index < len(feed.tokens):
+                last = feed.finished and index == len(feed.tokens) - 1
+                yield worker_pb2.GenerateResponse(
+                    session_id=feed.session_id,
+                    token=feed.tokens[index],
+                    index=index,
+                    finished=last,
+                    finish_reason=feed.finish_reason if last else "",
+                )
+                index += 1
+            if feed.done:
+                return
+            await feed.changed()
+
+    async def _cancel_quietly(self, session_id: str) -> None:
+        try:
+            await self.runner.call(lambda: self.engine.cancel(session_id))
+        except FleetShiftError:
+            return  # finished or moved meanwhile
+        self.feeds.get(session_id).close("cancelled")
+
+    def _in_background(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self.state.background.add(task)
+        task.add_done_callback(self.state.background.discard)
+
+    # ---- control ------------------------------------------------------------------------
+
+    def _run_state(self) -> worker_pb2.WorkerRunState:
+        return worker_pb2.WorkerRunState(paused=self.runner.paused, steps=self.engine.steps)
+
+    @rpc_errors
+    async def Pause(
+        self, request: worker_pb2.WorkerPauseRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerRunState:
+        await self.runner.call(lambda: self.runner.set_paused(True))
+        return self._run_state()
+
+    @rpc_errors
+    async def Resume(
+        self, request: worker_pb2.WorkerResumeRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerRunState:
+        await self.runner.call(lambda: self.runner.set_paused(False))
+        return self._run_state()
+
+    @rpc_errors
+    async def Snapshot(
+        self, request: worker_pb2.WorkerSnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerSnapshotResponse:
+        if not request.dir:
+            raise InvalidArgument("dir must name a directory", field="dir")
+        if not request.snapshot_id:
+            raise InvalidArgument("snapshot_id must not be empty", field="snapshot_id")
+        root = Path(request.dir)
+        if not root.is_dir():
+            raise InvalidArgument(f"dir {request.dir!r} is not a directory", field="dir")
+        started = self.clock()
+        # The capture copies KV at a step boundary; writing happens while the engine runs on.
+        state, key = await self.runner.call(
+            lambda: (capture_state(self.engine), engine_key(self.engine))
+        )
+        paused_ms = (self.clock() - started) * 1000.0
+        info = await asyncio.to_thread(write_engine_snapshot, state, key, root, request.snapshot_id)
+        return worker_pb2.WorkerSnapshotResponse(
+            path=str(info.path),
+            snapshot_id=info.snapshot_id,
+            session_ids=[s["session_id"] for s in state.json_parts["sessions"]],
+            size_bytes=info.size_bytes,
+            pause_ms=paused_ms,
+            total_ms=(self.clock() - started) * 1000.0,
+            compiled_artifacts=bool(state.artifacts),
+        )
+
+    @rpc_errors
+    async def Restore(
+        self, request: worker_pb2.WorkerRestoreRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerRestoreResponse:
+        if not request.path:
+            raise InvalidArgument("path must name a snapshot directory", field="path")
+        snap = await asyncio.to_thread(open_snapshot, Path(request.path))
+
+        def restore() -> tuple[RestoreReport, CompatVerdict]:
+            report, verdict = import_snapshot_sessions(self.engine, snap)
+            seen = [(sid, self.engine.get(sid).generated) for sid in report.sessions]
+            # Posted under the step lock, so the feeds exist before any token of theirs.
+            self.loop.call_soon_threadsafe(self._create_feeds, seen)
+            return report, verdict
+
+        report, verdict = await self.runner.call(restore)
+        return worker_pb2.WorkerRestoreResponse(
+            session_ids=list(report.sessions),
+            kv_restored=list(report.kv_restored),
+            compat=verdict.describe(),
+        )
+
+    def _create_feeds(self, sessions: list[tuple[str, list[int]]]) -> None:
+        for sid, generated in sessions:
+            self.feeds.create(sid, generated)
+
+    @rpc_errors
+    async def ExportSession(
+        self, request: worker_pb2.ExportSessionRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.ExportSessionResponse:
+        if not request.session_id:
+            raise InvalidArgument("session_id must not be empty", field="session_id")
+        feed = self.feeds.get(request.session_id)
+        if feed.done:
+            raise FailedPrecondition(
+                f"session_id {request.session_id!r} has ended "
+                f"({feed.finish_reason or feed.closed})",
+                field="session_id",
+            )
+
+        def export() -> SessionExport:
+            exp = self.engine.export_session(request.session_id, with_kv=request.with_kv)
+            if request.release:
+                self.engine.cancel(request.session_id)
+            return exp
+
+        exp = await self.runner.call(export)
+        if request.release:
+            self.feeds.get(request.session_id).close("moved")
+        blob = await asyncio.to_thread(exp.to_bytes)
+        tokens = exp.description["tokens"]
+        return worker_pb2.ExportSessionResponse(
+            blob=blob,
+            kv_included=exp.has_kv,
+            tokens=len(tokens),
+            generated=len(tokens) - exp.description["prompt_len"],
+        )
+
+    @rpc_errors
+    async def ImportSession(
+        self, request: worker_pb2.ImportSessionRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.ImportSessionResponse:
+        if not request.blob:
+            raise InvalidArgument("blob must not be empty", field="blob")
+        exp = await asyncio.to_thread(SessionExport.from_bytes, request.blob)
+        sid = str(exp.description.get("session_id", ""))
+        feed_tokens = exp.description["tokens"][exp.description["prompt_len"] :]
+        self.feeds.create(sid, feed_tokens)
+        try:
+            session = await self.runner.call(lambda: self.engine.import_session(exp))
+        except BaseException:
+            self.feeds.discard(sid)
+            raise
+        note = ""
+        if exp.has_kv and not session.cached:
+            note = "KV recomputed: platform differs in " + ", ".join(
+                self.engine.kv_mismatch(exp.platform)
+            )
+        return worker_pb2.ImportSessionResponse(
+            session_id=sid,
+            kv_restored=bool(session.cached),
+            kv_note=note,
+            generated=len(feed_tokens),
+        )
+
+    @rpc_errors
+    async def CancelSession(
+        self, request: worker_pb2.CancelSessionRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.CancelSessionResponse:
+        session = await self.runner.call(lambda: self.engine.cancel(request.session_id))
+        self.feeds.get(request.session_id).close("cancelled")
+        return worker_pb2.CancelSessionResponse(generated=len(session.generated))
+
+    @rpc_errors
+    async def GetCounters(
+        self, request: worker_pb2.GetWorkerCountersRequest, context: grpc.aio.ServicerContext
+    ) -> fleet_pb2.WorkerCounters:
+        c = self.engine.counters()  # plain reads of ints and a tuple copy: no lock needed
+        ttft = _percentiles(c.ttft_ms)
+        tbt = _percentiles(c.tbt_ms)
+        return fleet_pb2.WorkerCounters(
+            worker_id=self.state.worker_id,
+            prefill_tokens=c.prefill_tokens,
+            decode_tokens=c.decode_tokens,
+            queue_depth=c.queue_depth,
+            kv_blocks_used=c.kv_blocks_used,
+            kv_blocks_total=c.kv_blocks_total,
+            live_sessions=c.running + c.queue_depth,
+            ttft_p50_ms=ttft[0],
+            ttft_p99_ms=ttft[1],
+            tbt_p50_ms=tbt[0],
+            tbt_p99_ms=tbt[1],
+        )
+
+    def info(self) -> worker_pb2.WorkerInfo:
+        e = self.engine
+        key = engine_key(e).to_json()
+        return worker_pb2.WorkerInfo(
+            worker_id=self.state.worker_id,
+            role=self.state.role,  # type: ignore[arg-type]
+            model_id=e.model_id,
+            compat_key=worker_pb2.WorkerCompatKey(**key),  # type: ignore[arg-type]
+            kv_block_size=e.config.block_size,
+            kv_blocks_total=e.config.num_blocks,
+            max_running=e.config.max_running,
+            compiled=e.compiled,
+            paused=self.runner.paused,
+            restored_from=self.state.restored_from,
+        )
+
+    @rpc_errors
+    async def GetInfo(
+        self, request: worker_pb2.GetWorkerInfoRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerInfo:
+        return self.info()
+
+    @rpc_errors
+    async def SetRole(
+        self, request: worker_pb2.SetWorkerRoleRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerInfo:
+        if request.role not in ROLES.values():
+            raise InvalidArgument(f"role {request.role} is not a worker role", field="role")
+        self.state.role = request.role
+        return self.info()
+
+
+def binding(servicer: WorkerServicer) -> ServiceBinding:
+    return ServiceBinding(
+        worker_pb2_grpc.add_WorkerServiceServicer_to_server,
+        servicer,
+        worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
+    )
