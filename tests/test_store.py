@@ -7,6 +7,7 @@ import sys
 import time
 
 from alembic.autogenerate import compare_metadata
+from alembic.script import ScriptDirectory
 from alembic.runtime.migration import MigrationContext
 from fleetshift_daemon.core.fleet import (
     GpuInfo,
@@ -16,12 +17,18 @@ from fleetshift_daemon.core.fleet import (
     Registration,
 )
 from fleetshift_daemon.core.registry import Registry
-from fleetshift_daemon.store.database import current_revision, make_engine, upgrade
+from fleetshift_daemon.store.database import (
+    alembic_config,
+    current_revision,
+    make_engine,
+    upgrade,
+)
 from fleetshift_daemon.store.models import Base
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
 from sqlalchemy import inspect, text
 
 GiB = 1024**3
+HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 def h100_node(name: str, gpus: int = 2) -> Registration:
@@ -50,11 +57,13 @@ def test_fresh_migration_matches_models_and_upgrade_twice_is_a_noop(db_url: str)
     upgrade(engine)
     first = current_revision(engine)
     upgrade(engine)
-    assert current_revision(engine) == first == "0001"
+    assert current_revision(engine) == first == HEAD
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     assert diff == []
-    assert {"nodes", "gpus", "alembic_version"} <= set(inspect(engine).get_table_names())
+    assert {"nodes", "gpus", "workers", "operations", "alembic_version"} <= set(
+        inspect(engine).get_table_names()
+    )
 
 
 def test_two_daemons_migrating_at_once_both_succeed(db_url: str) -> None:
@@ -65,7 +74,7 @@ def test_two_daemons_migrating_at_once_both_succeed(db_url: str) -> None:
     procs = [subprocess.Popen([sys.executable, "-c", code, db_url]) for _ in range(2)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     engine = make_engine(db_url)
-    assert current_revision(engine) == "0001"
+    assert current_revision(engine) == HEAD
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM alembic_version")).scalar() == 1
 

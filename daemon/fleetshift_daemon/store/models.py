@@ -7,11 +7,14 @@ checks that a freshly migrated database matches these models exactly.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Integer,
     MetaData,
@@ -71,3 +74,53 @@ class GpuRow(Base):
     uuid: Mapped[str] = mapped_column(String(64), default="")
 
     node: Mapped[NodeRow] = relationship(back_populates="gpus")
+
+
+class WorkerRow(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(63), primary_key=True)
+    node_name: Mapped[str] = mapped_column(String(63), index=True)
+    model: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16))
+    tensor_parallel: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(16))
+    gpu_indices: Mapped[str] = mapped_column(String(256), default="")  # "0,1,2,3"
+    endpoint: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16))
+    origin_snapshot: Mapped[str] = mapped_column(String(128), default="")
+    operation_id: Mapped[str] = mapped_column(String(64), default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class OperationRow(Base):
+    """The audit history: one row per operation, its steps as JSON (they move together)."""
+
+    __tablename__ = "operations"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    requested_by: Mapped[str] = mapped_column(String(128))
+    reason: Mapped[str] = mapped_column(String(1024), default="")
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), unique=True)
+    request_digest: Mapped[str] = mapped_column(String(64), default="")
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    error: Mapped[str] = mapped_column(String(2048), default="")
+    steps: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class EfficiencySampleRow(Base):
+    """The placement efficiency figure over time: the alarm that a placement went wrong."""
+
+    __tablename__ = "efficiency_samples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    taken_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    efficiency: Mapped[float] = mapped_column(Float)
+    current_goodput: Mapped[float] = mapped_column(Float)
+    best_goodput: Mapped[float] = mapped_column(Float)
+    plan_proposed: Mapped[bool] = mapped_column(Boolean, default=False)

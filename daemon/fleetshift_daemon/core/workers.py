@@ -1,0 +1,247 @@
+"""Inference workers as the daemon tracks them: where each runs, what it serves, its sessions.
+
+The agent is the authority on which worker processes exist on its node; the daemon is the
+authority on what they are for. Agents report their workers with every heartbeat and the table
+reconciles: a worker the daemon ordered shows up, a worker nobody ordered is adopted (an agent
+restarted with workers still running, a daemon restored from an older database), and a worker
+the agent no longer reports has failed. Workers that a move is creating or retiring are owned by
+that operation and left to its executor, so a report racing a move never undoes it.
+
+Live data (counters, session ids) stays in memory; what matters after a restart (identity,
+placement, spec, state, origin) is written to the store before the view changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from fleetshift_common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+
+from fleetshift_daemon.core.fleet import WorkerCounters
+from fleetshift_daemon.core.perfmodel import Dtype
+from fleetshift_daemon.core.routing import Role
+
+WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+class WorkerState(enum.Enum):
+    STARTING = "starting"
+    SERVING = "serving"
+    DRAINING = "draining"  # a move is taking its sessions away
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+    @property
+    def alive(self) -> bool:
+        return self in (WorkerState.STARTING, WorkerState.SERVING, WorkerState.DRAINING)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    model: str
+    role: Role
+    tp: int = 1
+    dtype: Dtype = Dtype.BF16
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise InvalidArgument("spec.model must not be empty", field="spec.model")
+        if self.tp not in (1, 2, 4, 8):
+            raise InvalidArgument(f"spec.tp must be 1, 2, 4 or 8, got {self.tp}", field="spec.tp")
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    id: str
+    node: str
+    spec: WorkerSpec
+    gpu_indices: tuple[int, ...]
+    endpoint: str
+    state: WorkerState
+    created_at: float
+    origin_snapshot: str = ""
+    operation_id: str = ""  # the move that owns this worker while it runs
+    counters: WorkerCounters | None = field(default=None, compare=False)
+    sessions: tuple[str, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """One worker as its agent sees it in a heartbeat."""
+
+    worker_id: str
+    spec: WorkerSpec
+    gpu_indices: tuple[int, ...]
+    endpoint: str
+    state: WorkerState
+    origin_snapshot: str = ""
+    counters: WorkerCounters | None = None
+    sessions: tuple[str, ...] = ()
+
+
+class WorkerStore(Protocol):
+    def load_workers(self) -> list[WorkerRecord]: ...
+
+    def save_worker(self, worker: WorkerRecord) -> None: ...
+
+    def delete_worker(self, worker_id: str) -> None: ...
+
+
+class WorkerNotFound(NotFound):
+    pass
+
+
+def check_worker_id(worker_id: str, field_name: str = "worker_id") -> None:
+    if not WORKER_ID.match(worker_id or ""):
+        raise InvalidArgument(
+            f"{field_name} {worker_id!r} must be 1-63 letters, digits, '.', '_' or '-'",
+            field=field_name,
+        )
+
+
+class WorkerTable:
+    def __init__(self, store: WorkerStore, clock: Callable[[], float]) -> None:
+        self._store = store
+        self._clock = clock
+        self._workers: dict[str, WorkerRecord] = {}
+        self._lock = threading.RLock()
+        self._listeners: list[Callable[[], None]] = []
+
+    def load(self) -> None:
+        with self._lock:
+            self._workers = {w.id: w for w in self._store.load_workers()}
+        self._changed()
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Called after every change of the table (the router rebuilds its index from it)."""
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    def get(self, worker_id: str) -> WorkerRecord:
+        check_worker_id(worker_id)
+        with self._lock:
+            worker = self._workers.get(worker_id)
+        if worker is None:
+            raise WorkerNotFound(f"worker {worker_id!r} is not known", field="worker_id")
+        return worker
+
+    def find(self, worker_id: str) -> WorkerRecord | None:
+        return self._workers.get(worker_id)
+
+    def all(self, node: str | None = None, model: str | None = None) -> list[WorkerRecord]:
+        return sorted(
+            (
+                w
+                for w in self._workers.values()
+                if (node is None or w.node == node) and (model is None or w.spec.model == model)
+            ),
+            key=lambda w: w.id,
+        )
+
+    def alive(self) -> list[WorkerRecord]:
+        return [w for w in self.all() if w.state.alive]
+
+    def add(self, worker: WorkerRecord) -> WorkerRecord:
+        check_worker_id(worker.id)
+        with self._lock:
+            if worker.id in self._workers and self._workers[worker.id].state.alive:
+                raise AlreadyExists(f"worker {worker.id!r} already exists", field="worker_id")
+            self._store.save_worker(worker)
+            self._workers[worker.id] = worker
+        self._changed()
+        return worker
+
+    def update(self, worker_id: str, **changes: object) -> WorkerRecord:
+        with self._lock:
+            worker = dataclasses.replace(self.get(worker_id), **changes)  # type: ignore[arg-type]
+            self._store.save_worker(worker)
+            self._workers[worker_id] = worker
+        self._changed()
+        return worker
+
+    def remove(self, worker_id: str) -> None:
+        with self._lock:
+            self._store.delete_worker(worker_id)
+            self._workers.pop(worker_id, None)
+        self._changed()
+
+    def gpus_in_use(self, node: str) -> set[int]:
+        return {i for w in self.all(node=node) if w.state.alive for i in w.gpu_indices}
+
+    def reconcile(self, node: str, reports: Sequence[WorkerReport]) -> list[str]:
+        """Apply one heartbeat's worker list; returns ids of workers that turned FAILED."""
+        failed: list[str] = []
+        durable_change = False
+        with self._lock:
+            seen = {r.worker_id for r in reports}
+            for report in reports:
+                durable_change |= self._apply_report(node, report)
+            for worker in list(self._workers.values()):
+                vanished = worker.node == node and worker.id not in seen
+                if vanished and worker.state.alive and not worker.operation_id:
+                    failed_worker = dataclasses.replace(worker, state=WorkerState.FAILED)
+                    self._store.save_worker(failed_worker)
+                    self._workers[worker.id] = failed_worker
+                    failed.append(worker.id)
+        if durable_change or failed:
+            self._changed()
+        return failed
+
+    def _apply_report(self, node: str, report: WorkerReport) -> bool:
+        known = self._workers.get(report.worker_id)
+        if known is None:
+            adopted = WorkerRecord(
+                id=report.worker_id,
+                node=node,
+                spec=report.spec,
+                gpu_indices=report.gpu_indices,
+                endpoint=report.endpoint,
+                state=report.state,
+                created_at=self._clock(),
+                origin_snapshot=report.origin_snapshot,
+                counters=report.counters,
+                sessions=report.sessions,
+            )
+            self._store.save_worker(adopted)
+            self._workers[adopted.id] = adopted
+            return True
+        if known.node != node:
+            raise FailedPrecondition(
+                f"worker {report.worker_id!r} belongs to node {known.node!r}, not {node!r}",
+                field="workers.worker_id",
+            )
+        durable = (
+            known.endpoint != report.endpoint
+            or known.spec != report.spec
+            or (known.state != report.state and not known.operation_id)
+        )
+        updated = dataclasses.replace(
+            known,
+            endpoint=report.endpoint,
+            spec=report.spec,
+            state=known.state if known.operation_id else report.state,
+            counters=report.counters,
+            sessions=report.sessions,
+        )
+        if durable:
+            self._store.save_worker(updated)
+        self._workers[known.id] = updated
+        return durable
+
+    def locate_session(self, session_id: str) -> WorkerRecord | None:
+        for worker in self._workers.values():
+            if worker.state.alive and session_id in worker.sessions:
+                return worker
+        return None
+
+    def by_ids(self, ids: Iterable[str]) -> list[WorkerRecord]:
+        return [self._workers[i] for i in ids if i in self._workers]
