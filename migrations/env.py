@@ -4,8 +4,9 @@ lock), or on ``sqlalchemy.url`` when Alembic's own CLI is used."""
 from __future__ import annotations
 
 from alembic import context
-from fleetshift_daemon.store.models import Base
 from sqlalchemy import create_engine
+
+from fleetshift_daemon.store.models import Base
 
 config = context.config
 target_metadata = Base.metadata

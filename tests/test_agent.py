@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from fleetshift.v1 import agent_pb2, agent_pb2_grpc
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift_agent.app import Agent

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from fleetshift_common.config import ConfigError, agent_config, daemon_config
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift_daemon.localfleet import LocalFleet, NodeSpec
 

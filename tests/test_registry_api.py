@@ -6,6 +6,7 @@ import asyncio
 
 import grpc
 import pytest
+
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 

@@ -7,8 +7,10 @@ import sys
 import time
 
 from alembic.autogenerate import compare_metadata
-from alembic.script import ScriptDirectory
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, text
+
 from fleetshift_daemon.core.fleet import (
     GpuInfo,
     InventorySource,
@@ -25,7 +27,6 @@ from fleetshift_daemon.store.database import (
 )
 from fleetshift_daemon.store.models import Base
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
-from sqlalchemy import inspect, text
 
 GiB = 1024**3
 HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from fleetshift_common.sdnotify import (
     SdNotifier,
     SdNotifyError,

@@ -12,14 +12,13 @@ from dataclasses import dataclass, field
 
 from fleetshift.v1 import agent_pb2
 from fleetshift.v1 import fleet_pb2 as pb
+from fleetshift_agent import service
+from fleetshift_agent.discovery import DECLARED, Inventory, discover, package_version
+from fleetshift_agent.membership import Backoff, Membership
 from fleetshift_common.config import AgentConfig
 from fleetshift_common.lifecycle import write_port_file
 from fleetshift_common.sdnotify import SdNotifier, watchdog_interval
 from fleetshift_rpc.server import RunningServer, start_server
-
-from fleetshift_agent import service
-from fleetshift_agent.discovery import DECLARED, Inventory, discover, package_version
-from fleetshift_agent.membership import Backoff, Membership
 
 log = logging.getLogger("fleetshift.agent")
 

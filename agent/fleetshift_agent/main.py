@@ -7,12 +7,11 @@ import asyncio
 import logging
 import sys
 
+from fleetshift_agent.app import Agent
 from fleetshift_common.config import ConfigError, agent_config
 from fleetshift_common.errors import FleetShiftError
 from fleetshift_common.lifecycle import stop_event
 from fleetshift_common.logs import setup_logging
-
-from fleetshift_agent.app import Agent
 
 log = logging.getLogger("fleetshift.agent")
 

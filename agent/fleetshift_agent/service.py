@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import grpc
+
 from fleetshift.v1 import agent_pb2, agent_pb2_grpc
 from fleetshift.v1 import fleet_pb2 as fleet_pb
 from fleetshift_rpc.errors import rpc_errors

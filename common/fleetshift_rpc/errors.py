@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+
 from fleetshift_common.errors import ErrorKind, FleetShiftError
 
 log = logging.getLogger("fleetshift.rpc")

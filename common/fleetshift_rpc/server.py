@@ -47,11 +47,20 @@ class RunningServer:
 
 
 async def start_server(
-    listen: str, bindings: Sequence[ServiceBinding], max_message_bytes: int
+    listen: str,
+    bindings: Sequence[ServiceBinding],
+    max_message_bytes: int,
+    credentials: grpc.ServerCredentials | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> RunningServer:
     """Start a server on ``listen`` (port 0 picks a free one); health starts NOT_SERVING and
-    the caller flips it once everything behind the services is ready."""
-    server = grpc.aio.server(options=message_options(max_message_bytes))
+    the caller flips it once everything behind the services is ready.
+
+    Without ``credentials`` the port is plaintext (loopback development only, see
+    ``fleetshift_rpc.security.check_plaintext_allowed``)."""
+    server = grpc.aio.server(
+        options=message_options(max_message_bytes), interceptors=list(interceptors)
+    )
     for binding in bindings:
         binding.add_to_server(binding.servicer, server)
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
@@ -65,7 +74,10 @@ async def start_server(
         ],
         server,
     )
-    port = server.add_insecure_port(listen)
+    if credentials is None:
+        port = server.add_insecure_port(listen)
+    else:
+        port = server.add_secure_port(listen, credentials)
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     await server.start()
@@ -74,5 +86,12 @@ async def start_server(
     return running
 
 
-def channel(address: str, max_message_bytes: int) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=message_options(max_message_bytes))
+def channel(
+    address: str,
+    max_message_bytes: int,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> grpc.aio.Channel:
+    options = message_options(max_message_bytes)
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.secure_channel(address, credentials, options=options)

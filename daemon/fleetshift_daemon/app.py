@@ -15,16 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from sqlalchemy import Engine
+
 from fleetshift_common.config import DaemonConfig
 from fleetshift_common.lifecycle import write_port_file
 from fleetshift_common.sdnotify import SdNotifier, watchdog_interval
-from fleetshift_rpc.server import RunningServer, ServiceBinding, start_server
-from sqlalchemy import Engine
-
 from fleetshift_daemon.api import fleet as fleet_api
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
+from fleetshift_rpc.server import RunningServer, ServiceBinding, start_server
 
 log = logging.getLogger("fleetshift.daemon")
 

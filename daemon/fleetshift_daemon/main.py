@@ -10,7 +10,6 @@ import sys
 from fleetshift_common.config import ConfigError, daemon_config
 from fleetshift_common.lifecycle import stop_event
 from fleetshift_common.logs import setup_logging
-
 from fleetshift_daemon.app import Daemon
 
 log = logging.getLogger("fleetshift.daemon")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fleetshift.v1 import fleet_pb2 as pb
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift_daemon.core.fleet import (
     GpuInfo,
     InventorySource,

@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift_common.errors import InvalidArgument
-from fleetshift_rpc.errors import rpc_errors
-from fleetshift_rpc.server import ServiceBinding
-
 from fleetshift_daemon.api import convert
 from fleetshift_daemon.core.registry import Registry
+from fleetshift_rpc.errors import rpc_errors
+from fleetshift_rpc.server import ServiceBinding
 
 
 class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import grpc
-from fleetshift.v1 import fleet_pb2 as pb
-from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from rich.console import Console
 
+from fleetshift.v1 import fleet_pb2 as pb
+from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift_daemon.cli.tables import nodes_table
 from fleetshift_daemon.localfleet import LocalFleet
 

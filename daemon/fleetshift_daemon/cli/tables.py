@@ -6,8 +6,9 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
-from fleetshift.v1 import fleet_pb2 as pb
 from rich.table import Table
+
+from fleetshift.v1 import fleet_pb2 as pb
 
 GiB = 1024**3
 

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from fleetshift_common.errors import InvalidArgument, NotFound
-
 from fleetshift_daemon.core.fleet import (
     NodeRecord,
     NodeState,

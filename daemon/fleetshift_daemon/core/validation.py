@@ -10,7 +10,6 @@ import re
 from dataclasses import dataclass
 
 from fleetshift_common.errors import InvalidArgument
-
 from fleetshift_daemon.core.fleet import GpuInfo, Registration
 
 GiB = 1024**3

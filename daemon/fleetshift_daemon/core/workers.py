@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from fleetshift_common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-
 from fleetshift_daemon.core.fleet import WorkerCounters
 from fleetshift_daemon.core.perfmodel import Dtype
 from fleetshift_daemon.core.routing import Role

@@ -13,12 +13,13 @@ import fcntl
 from collections.abc import Iterator
 from pathlib import Path
 
-import fleetshift_migrations
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+
+import fleetshift_migrations
 
 MIGRATIONS_DIR = Path(fleetshift_migrations.__file__).parent
 ADVISORY_LOCK_KEY = 0x464C5348  # "FLSH"
