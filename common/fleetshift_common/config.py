@@ -63,6 +63,68 @@ class DeclaredGpu:
 
 
 @dataclasses.dataclass(frozen=True)
+class GpuPrice:
+    """The operator's price of one GPU-hour of a kind (the catalogue's defaults are examples)."""
+
+    kind: str
+    per_hour: float
+
+    def __post_init__(self) -> None:
+        _check_positive("gpu_prices.per_hour", self.per_hour)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A model the fleet serves: its architecture (HF config.json or a named preset) and SLOs."""
+
+    name: str
+    hf_config: str = ""  # path to a Hugging Face config.json (or its model directory)
+    preset: str = ""  # a known architecture, e.g. "llama2-70b", when no config file is at hand
+    dtypes: tuple[str, ...] = ("bf16",)
+    tp_options: tuple[int, ...] = (1, 2, 4, 8)
+    min_workers: int = 0
+    slo_ttft_ms: float = 2000.0
+    slo_tbt_ms: float = 100.0
+    model_dir: str = ""  # where agents load the weights from (the reference engine's directory)
+
+    def __post_init__(self) -> None:
+        if not self.name.strip():
+            raise ConfigError("models.name must not be empty", field="models.name")
+        if bool(self.hf_config) == bool(self.preset):
+            raise ConfigError(
+                f"model {self.name!r}: set exactly one of hf_config and preset",
+                field="models.hf_config",
+            )
+        if self.min_workers < 0:
+            raise ConfigError("models.min_workers must be >= 0", field="models.min_workers")
+        for key in ("slo_ttft_ms", "slo_tbt_ms"):
+            _check_positive(f"models.{key}", getattr(self, key))
+        if not self.tp_options or any(t not in (1, 2, 4, 8) for t in self.tp_options):
+            raise ConfigError(
+                "models.tp_options must be a subset of 1, 2, 4, 8", field="models.tp_options"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerSettings:
+    interval_s: float = 30.0  # how often the efficiency figure is recomputed
+    threshold: float = 0.9  # efficiency under this is a gap worth closing
+    hold_s: float = 300.0  # ... once it has stayed under the threshold this long
+    horizon_s: float = 3600.0  # the gain must beat the cost of moving over this horizon
+    automatic: bool = False  # execute proposed plans without an operator
+    max_moves_in_flight: int = 2
+    max_moves_per_node: int = 1
+    max_moves_per_model: int = 1
+
+    def __post_init__(self) -> None:
+        for key in ("interval_s", "hold_s", "horizon_s"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"planner.{key} must be >= 0", field=f"planner.{key}")
+        if not 0 < self.threshold <= 1:
+            raise ConfigError("planner.threshold must be in (0, 1]", field="planner.threshold")
+
+
+@dataclasses.dataclass(frozen=True)
 class DaemonConfig:
     listen: str = "127.0.0.1:50051"
     state_dir: str = "/var/lib/fleetshift"
@@ -73,6 +135,9 @@ class DaemonConfig:
     max_message_bytes: int = 4 * MiB
     port_file: str = ""  # when set, the bound port is written here (tests, local fleets)
     log_format: str = "auto"  # auto | json | text
+    models: tuple[ModelConfig, ...] = ()
+    planner: PlannerSettings = PlannerSettings()
+    gpu_prices: tuple[GpuPrice, ...] = ()
 
     def __post_init__(self) -> None:
         _check_address("listen", self.listen)
@@ -179,6 +244,8 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"config key '{name}' must be a list", field=name)
         return tuple(_coerce_item(f"{name}[{i}]", v, item_type) for i, v in enumerate(value))
+    if dataclasses.is_dataclass(hint):
+        return _coerce_item(name, value, hint)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint in (str, int, float, bool):
