@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetshift_common.config import agent_config, daemon_config
 from fleetshift_common.sdnotify import (
     SdNotifier,
     SdNotifyError,
@@ -510,6 +511,31 @@ def test_exposure_threshold_rejects_an_unhardened_daemon(tmp_path: Path) -> None
     score, exposed = _security(bare)
     assert score > DAEMON_MAX_EXPOSURE
     assert {"ProtectKernelTunables", "PrivateDevices"} <= exposed - DAEMON_ACCEPTED
+
+
+def _unit_setting(unit: Path, key: str) -> str:
+    values = [
+        line.split("=", 1)[1].strip()
+        for line in unit.read_text().splitlines()
+        if line.startswith(f"{key}=")
+    ]
+    assert len(values) == 1, f"{unit.name} sets {key}= {len(values)} times"
+    return values[0]
+
+
+def test_example_configs_load_and_use_the_units_state_directories() -> None:
+    """The shipped configs are accepted by the real loaders and write where the sandbox lets
+    them: under ProtectSystem=strict only StateDirectory= is writable."""
+    no_env: dict[str, str] = {}
+    daemon = daemon_config(UNITS / "daemon.toml.example", no_env)
+    agent = agent_config(UNITS / "agent.toml.example", no_env)
+    assert daemon.state_dir == f"/var/lib/{_unit_setting(DAEMON_UNIT, 'StateDirectory')}"
+    assert agent.state_dir == f"/var/lib/{_unit_setting(AGENT_UNIT, 'StateDirectory')}"
+    assert daemon.listen.endswith(":50051")
+    assert agent.listen.endswith(":50052")
+    assert agent.daemon_address.endswith(":50051")
+    for unit, name in ((DAEMON_UNIT, "daemon.toml"), (AGENT_UNIT, "agent.toml")):
+        assert _unit_setting(unit, "ExecStart").endswith(f"--config /etc/fleetshift/{name}")
 
 
 def test_agent_unit_keeps_workers_alive_across_restarts() -> None:
