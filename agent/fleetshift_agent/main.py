@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import sys
 
@@ -25,6 +26,7 @@ async def _serve(agent: Agent) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    faulthandler.enable()  # a watchdog SIGABRT leaves a Python traceback in the journal
     parser = argparse.ArgumentParser(prog="fleetshift-agent", description=__doc__)
     parser.add_argument("--config", help="TOML file (env FLEETSHIFT_AGENT_<KEY> overrides it)")
     args = parser.parse_args(argv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import sys
 
@@ -35,6 +36,7 @@ async def _serve(daemon: Daemon) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    faulthandler.enable()  # a watchdog SIGABRT leaves a Python traceback in the journal
     args = _parser().parse_args(argv)
     try:
         config = daemon_config(args.config)
