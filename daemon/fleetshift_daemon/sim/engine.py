@@ -47,11 +47,12 @@ class Role(enum.Enum):
     MIXED = "mixed"
     PREFILL = "prefill"
     DECODE = "decode"
+    OFF = "off"  # out of service: takes no new work, finishes what it holds, then unbilled
 
 
 @dataclass(frozen=True)
 class SimConfig:
-    max_batch: int = 256
+    max_batch: int = 1024
     prefill_token_budget: int = 8192
     kv_reserve_fraction: float = 0.1
     drain_s: float = 1800.0  # after the last arrival; what is unfinished then is dropped
@@ -123,6 +124,8 @@ class Instance:
         self.step_prefills: list[tuple[int, bool]] = []
         self.paused_until = 0.0
         self.busy_s = 0.0
+        self.bill_start: float | None = 0.0
+        self.billed_s = 0.0
 
     @property
     def batch(self) -> int:
@@ -140,6 +143,17 @@ class Instance:
 
     def kv_free(self) -> int:
         return self.kv_cap - self.kv_used
+
+    @property
+    def idle(self) -> bool:
+        return not (
+            self.in_step or self.waiting or self.handoff or self.ready or self.batch
+        ) and not (self.kv_used or self.kv_incoming)
+
+    def stop_billing_if_drained(self, t: float) -> None:
+        if self.role is Role.OFF and self.bill_start is not None and self.idle:
+            self.billed_s += max(t, self.paused_until) - self.bill_start
+            self.bill_start = None
 
 
 @dataclass
@@ -258,9 +272,14 @@ class Simulator:
         return any(e[2] != Event.TICK for e in self._heap)
 
     def finish(self) -> None:
-        """Whatever did not finish by the horizon counts as dropped."""
+        """Whatever did not finish by the horizon counts as dropped; billing closes."""
         unfinished = np.isnan(self.log.finish_s)
         self.log.dropped |= unfinished
+        end = max(self.trace.duration_s, float(np.nanmax(self.log.finish_s, initial=0.0)))
+        for inst in self.instances:
+            if inst.bill_start is not None:
+                inst.billed_s += max(end - inst.bill_start, 0.0)
+                inst.bill_start = None
 
     # ----- requests -------------------------------------------------------------------------
     def _arrive(self, req: int, t: float) -> None:
@@ -320,6 +339,7 @@ class Simulator:
             cum = np.cumsum(times)
             inst.step_prefills = []
         else:
+            inst.stop_billing_if_drained(t)
             return
         inst.in_step = True
         inst.step_start = t
@@ -385,6 +405,7 @@ class Simulator:
         self.kick(dst, t)
         if src.waiting:
             self.kick(src, t)
+        src.stop_billing_if_drained(t)
 
     def _join(self, inst: Instance, reqs: list[int]) -> None:
         ids = np.asarray(reqs, dtype=_I64)
@@ -458,11 +479,16 @@ class Simulator:
 
     # ----- control --------------------------------------------------------------------------
     def set_role(self, inst: Instance, role: Role, t: float, kind: str, cost_s: float) -> None:
+        """Give ``inst`` a new role; it is out of service for ``cost_s`` (billed meanwhile)."""
         before = inst.role
         inst.role = role
         self.moves.append(Move(t, inst.idx, inst.gpu, before.value, role.value, kind, cost_s))
+        if role is not Role.OFF and inst.bill_start is None:
+            inst.bill_start = t
         if cost_s > 0:
             self.pause(inst, t, cost_s)
+        elif role is Role.OFF:
+            inst.stop_billing_if_drained(t)
 
     def snapshot(self) -> Simulator:
         """A deep copy sharing the immutable parts (trace, fleet, model, timers)."""

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from fleetshift_common.errors import InvalidArgument
-
 from fleetshift_daemon.core.gpus import GpuCatalogue, GpuKind, default_catalogue
 from fleetshift_daemon.core.perfmodel import Deployment, Dtype, ModelArch, PerfModel, llama2_70b
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from fleetshift_common.errors import FleetShiftError
 
+from fleetshift_common.errors import FleetShiftError
 from fleetshift_daemon.sim.engine import Simulator
 from fleetshift_daemon.sim.timing import StepTimer
 from fleetshift_daemon.sim.trace import FloatArray
@@ -128,6 +128,12 @@ def _pct(values: FloatArray) -> dict[int, float]:
     return {p: float(np.percentile(v, p)) for p in PERCENTILES}
 
 
+def billed_dollars(sim: Simulator) -> float:
+    """GPU-hours of instances in service (a retired, drained instance stops billing)."""
+    price = {k.name: k.price_per_hour for k in sim.fleet.gpu_kinds()}
+    return sum(i.billed_s * i.group.tp * price[i.gpu] for i in sim.instances) / 3600.0
+
+
 def summarize(sim: Simulator, name: str, wall_s: float = 0.0) -> Summary:
     check_conservation(sim)
     out = outcomes(sim)
@@ -139,7 +145,7 @@ def summarize(sim: Simulator, name: str, wall_s: float = 0.0) -> Summary:
     makespan = max(makespan, duration)
     tokens = float((sim.prompt[fin] + sim.output[fin]).sum())
     good_tokens = float((sim.prompt[out.slo_ok] + sim.output[out.slo_ok]).sum())
-    dollars = sim.fleet.price_per_hour() * makespan / 3600.0
+    dollars = billed_dollars(sim)
     util: dict[str, float] = {}
     for kind in {i.gpu for i in sim.instances}:
         insts = [i for i in sim.instances if i.gpu == kind]

@@ -162,7 +162,7 @@ class StaticSplit:
             self.decode_rates[i.idx] = decode_rate(i.timer, i.kv_cap, mix, cfg.max_batch)
 
     def route(self, sim: Simulator, req: int, t: float) -> Instance | None:
-        pool = [i for i in sim.instances if i.role is not Role.DECODE]
+        pool = [i for i in sim.instances if i.role in (Role.MIXED, Role.PREFILL)]
         return least_busy(sim, pool or sim.instances, req, t, self.prefill_rates)
 
     def pick_decode(self, sim: Simulator, req: int, src: Instance, t: float) -> Instance:

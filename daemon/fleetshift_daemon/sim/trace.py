@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+
 from fleetshift_common.errors import InvalidArgument
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

@@ -1,0 +1,375 @@
+"""The FleetShift policy in the simulator: the daemon's own router, traffic monitor, output
+estimator and planner, driven by simulated time instead of the wall clock.
+
+Nothing here re-implements a decision: every request goes through ``core.routing.Router`` with
+the loads the instances have at that instant (as if heartbeats were instantaneous, the same
+freshness the least-loaded baseline enjoys), and the placement comes from the planner given
+the traffic monitor's view of the recent mix. What the simulator adds is the price of acting
+on a plan: each move takes its instance out of service for the move's cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from fleetshift_common.errors import NotFound
+from fleetshift_daemon.core import planner as pl
+from fleetshift_daemon.core import routing as rt
+from fleetshift_daemon.core.estimator import OutputLengthEstimator
+from fleetshift_daemon.core.traffic import TrafficConfig, TrafficMonitor
+from fleetshift_daemon.sim.engine import Instance, Role, Simulator
+from fleetshift_daemon.sim.metrics import unloaded_times
+from fleetshift_daemon.sim.policies import balanced_split, least_busy, observed_mix
+
+_TO_RT = {Role.MIXED: rt.Role.MIXED, Role.PREFILL: rt.Role.PREFILL, Role.DECODE: rt.Role.DECODE}
+_FROM_RT = {v: k for k, v in _TO_RT.items()}
+
+
+class SimClock:
+    """The simulated time, as the clock the daemon's components are injected with."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def worker_id(inst: Instance) -> str:
+    return f"w{inst.idx}"
+
+
+class RouterPolicy:
+    """Routing by the daemon's soft-score router over the instances' current roles."""
+
+    name = "router"
+    tick_s: float | None = None
+
+    def __init__(self, hindsight_outputs: bool = False, seed: int = 0) -> None:
+        self.hindsight_outputs = hindsight_outputs
+        self.seed = seed
+        self.clock = SimClock()
+        self._router: rt.Router | None = None
+        self._by_id: dict[str, Instance] = {}
+        self._decode_of: dict[int, int] = {}
+        self._slo: tuple[np.ndarray, np.ndarray] | None = None
+        self.estimator: OutputLengthEstimator | None = None
+        self.traffic: TrafficMonitor | None = None
+        self._roles_seen: tuple[Role, ...] = ()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RouterPolicy:
+        # The router and monitor hold locks and cannot be copied; a copy rebuilds them.
+        clone = type(self).__new__(type(self))
+        clone.__dict__.update(
+            {k: v for k, v in self.__dict__.items() if k not in ("_router", "traffic")}
+        )
+        clone.clock = SimClock()
+        clone.clock.now = self.clock.now
+        clone._router = None
+        clone.traffic = None
+        clone._decode_of = dict(self._decode_of)
+        clone._roles_seen = ()
+        return clone
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _ensure(self, sim: Simulator) -> rt.Router:
+        roles = tuple(i.role for i in sim.instances)
+        if self._router is None:
+            self._slo = unloaded_times(sim) if self._slo is None else self._slo
+            link = sim.fleet.internode_gbps_per_gpu * min(g.tp for g in sim.fleet.groups)
+            self._router = rt.Router(
+                sim.model,
+                [sim.fleet.arch],
+                estimator=None if self.hindsight_outputs else self.estimator,
+                traffic=self.traffic,
+                config=rt.RouterConfig(
+                    kv_link_gbps=link,
+                    seed=self.seed,
+                ),
+            )
+            self._roles_seen = ()
+        if roles != self._roles_seen:
+            serving = [i for i in sim.instances if i.role is not Role.OFF]
+            self._router.update_fleet([self._view(sim, i) for i in serving])
+            self._by_id = {worker_id(i): i for i in serving}
+            self._roles_seen = roles
+        return self._router
+
+    def _view(self, sim: Simulator, inst: Instance) -> rt.WorkerView:
+        return rt.WorkerView(
+            id=worker_id(inst),
+            node=f"n{inst.node}",
+            model=sim.fleet.arch.name,
+            role=_TO_RT[inst.role],
+            gpu=inst.dep.gpu,
+            tp=inst.dep.tp,
+            dtype=inst.dep.dtype,
+            kv_total_tokens=inst.kv_cap,
+        )
+
+    def setup(self, sim: Simulator) -> None:
+        self.clock.now = 0.0
+        self._ensure(sim)
+
+    def route(self, sim: Simulator, req: int, t: float) -> Instance | None:
+        self.clock.now = t
+        router = self._ensure(sim)
+        for inst in self._by_id.values():
+            router.update_load(
+                worker_id(inst),
+                queue_tokens=inst.wait_tokens,
+                kv_used_tokens=inst.kv_used,
+                live_sessions=inst.batch + len(inst.handoff) + inst.kv_incoming,
+            )
+        assert self._slo is not None
+        u_ttft, u_tbt = self._slo
+        slo = sim.fleet.slo
+        decision = router.route(
+            rt.RouteRequest(
+                model=sim.fleet.arch.name,
+                prompt_tokens=int(sim.prompt[req]),
+                expected_output_tokens=int(sim.output[req]) if self.hindsight_outputs else None,
+                slo=rt.Slo(
+                    ttft_ms=float(u_ttft[req]) * slo.ttft_multiple * 1e3,
+                    tbt_ms=float(u_tbt[req]) * slo.tbt_multiple * 1e3,
+                ),
+            )
+        )
+        inst = self._by_id[decision.worker_id]
+        if decision.decode_worker_id is not None:
+            self._decode_of[req] = self._by_id[decision.decode_worker_id].idx
+        return inst
+
+    def pick_decode(self, sim: Simulator, req: int, src: Instance, t: float) -> Instance:
+        idx = self._decode_of.pop(req, None)
+        if idx is not None and sim.instances[idx].role in (Role.MIXED, Role.DECODE):
+            return sim.instances[idx]
+        pool = [i for i in sim.instances if i.role in (Role.MIXED, Role.DECODE)]
+        rates = {i.idx: 1.0 for i in pool}
+        return least_busy(sim, pool, req, t, rates) or src
+
+    def on_tick(self, sim: Simulator, t: float) -> None:
+        return None
+
+
+PlacementFn = Callable[[Simulator, float], Sequence[Role]]
+
+
+def split_for_window(window_s: float) -> PlacementFn:
+    """Hindsight: the balanced split for the mix that will arrive in the next window."""
+
+    def place(sim: Simulator, t: float) -> Sequence[Role]:
+        return balanced_split(sim, observed_mix(sim, t, t + window_s))
+
+    return place
+
+
+# -- planning -----------------------------------------------------------------------------------
+
+
+def node_name(node: int) -> str:
+    return f"n{node}"
+
+
+def planner_nodes(sim: Simulator) -> list[pl.NodeCapacity]:
+    seen: dict[int, pl.NodeCapacity] = {}
+    for inst in sim.instances:
+        if inst.node not in seen:
+            seen[inst.node] = pl.NodeCapacity(node_name(inst.node), inst.dep.gpu, inst.group.gpus)
+    return list(seen.values())
+
+
+def model_spec(sim: Simulator) -> pl.ModelSpec:
+    tps = tuple(sorted({g.tp for g in sim.fleet.groups}))
+    return pl.ModelSpec(sim.fleet.arch, dtypes=(sim.fleet.dtype,), tp_options=tps)
+
+
+def current_placement(sim: Simulator) -> pl.Placement:
+    workers = []
+    for inst in sim.instances:
+        if inst.role is Role.OFF:
+            continue
+        workers.append(
+            pl.PlacedWorker(
+                model=sim.fleet.arch.name,
+                role=_TO_RT[inst.role],
+                gpu_kind=inst.gpu,
+                tp=inst.dep.tp,
+                dtype=inst.dep.dtype,
+                node=node_name(inst.node),
+                worker_id=worker_id(inst),
+                live_sessions=inst.batch,
+                kv_used_tokens=inst.kv_used,
+            )
+        )
+    return pl.Placement(tuple(workers))
+
+
+def slo_target(sim: Simulator, mean_prompt: float, mean_output: float) -> pl.SloTarget:
+    """The planner's SLO: the multiples of the unloaded times of the window's mean request."""
+    dep = sim.fleet.reference_deployment(sim.model)
+    p = max(1, round(mean_prompt))
+    ttft = sim.model.prefill_time_s(dep, [p])
+    tbt = sim.model.decode_step_time_s(dep, 1, p + max(1, round(mean_output)) // 2)
+    slo = sim.fleet.slo
+    return pl.SloTarget(ttft_ms=ttft * slo.ttft_multiple * 1e3, tbt_ms=tbt * slo.tbt_multiple * 1e3)
+
+
+def planning_input_for(sim: Simulator, demand: pl.ModelDemand) -> pl.PlanningInput:
+    name = sim.fleet.arch.name
+    return pl.planning_input(
+        planner_nodes(sim),
+        [model_spec(sim)],
+        [demand],
+        slos={name: slo_target(sim, demand.mean_prompt_tokens, demand.mean_output_tokens)},
+    )
+
+
+def target_roles(sim: Simulator, placement: pl.Placement) -> list[Role]:
+    """Roles per instance for a planner placement; instances it does not use are OFF."""
+    roles = [Role.OFF] * len(sim.instances)
+    by_id = {worker_id(i): i for i in sim.instances}
+    new: list[pl.PlacedWorker] = []
+    for w in placement.workers:
+        inst = by_id.get(w.worker_id or "")
+        if inst is not None:
+            roles[inst.idx] = _FROM_RT[w.role]
+        else:
+            new.append(w)
+    for w in new:  # a new worker: an instance of that node and TP not otherwise used
+        for inst in sim.instances:
+            if (
+                roles[inst.idx] is Role.OFF
+                and node_name(inst.node) == w.node
+                and inst.dep.tp == w.tp
+            ):
+                roles[inst.idx] = _FROM_RT[w.role]
+                break
+    return roles
+
+
+def demand_of(sim: Simulator, start_s: float, end_s: float) -> pl.ModelDemand:
+    mix = observed_mix(sim, start_s, end_s)
+    return pl.ModelDemand(sim.fleet.arch.name, mix.rate_per_s, mix.mean_prompt, mix.mean_output)
+
+
+class FleetShift(RouterPolicy):
+    """Router + traffic monitor + planner, replanning every ``tick_s`` of simulated time."""
+
+    name = "fleetshift"
+
+    def __init__(
+        self,
+        tick_s: float = 60.0,
+        window_s: float = 300.0,
+        deploy_window_s: float = 300.0,
+        seed: int = 0,
+        mover: Mover | None = None,
+    ) -> None:
+        super().__init__(hindsight_outputs=False, seed=seed)
+        self.tick_s = tick_s
+        self.window_s = window_s
+        self.deploy_window_s = deploy_window_s
+        self.mover = mover
+        self._fed_until = 0.0
+
+    def setup(self, sim: Simulator) -> None:
+        self.traffic = TrafficMonitor(self.clock, TrafficConfig(window_s=self.window_s))
+        self.estimator = OutputLengthEstimator()
+        self.planner = pl.Planner(
+            sim.model, pl.PlannerConfig(max_decode_batch=sim.config.max_batch)
+        )
+        if self.mover is None:
+            self.mover = default_mover(sim)
+        # Deploy time: the planner's best placement for the first window's mix, the same
+        # knowledge the static split is deployed with. Free: nothing is running yet.
+        inp = planning_input_for(sim, demand_of(sim, 0.0, self.deploy_window_s))
+        solution = self.planner.solve(inp, pl.Placement())
+        for inst, role in zip(sim.instances, target_roles(sim, solution.placement), strict=True):
+            inst.role = role
+            if role is Role.OFF:
+                inst.bill_start = None
+        super().setup(sim)
+
+    def _feed_completions(self, sim: Simulator, t: float) -> None:
+        assert self.estimator is not None
+        fin = sim.log.finish_s
+        done = np.flatnonzero((fin > self._fed_until) & (fin <= t))
+        name = sim.fleet.arch.name
+        for req in done[np.argsort(fin[done], kind="stable")]:
+            self.estimator.observe_completion(name, int(sim.prompt[req]), int(sim.output[req]))
+        self._fed_until = t
+
+    def on_tick(self, sim: Simulator, t: float) -> None:
+        self.clock.now = t
+        self._feed_completions(sim, t)
+        if self.traffic is None:
+            return
+        try:
+            stats = self.traffic.stats(sim.fleet.arch.name)
+        except NotFound:
+            return
+        if stats.requests == 0:
+            return
+        inp = planning_input_for(sim, pl.ModelDemand.from_stats(stats))
+        report = self.planner.efficiency(inp, current_placement(sim))
+        sim.efficiency.append((t, report.efficiency))
+        assert self.mover is not None
+        for inst_idx, role, kind, cost in self.mover(sim, t, report):
+            sim.set_role(sim.instances[inst_idx], role, t, kind, cost)
+
+
+MoveOrder = tuple[int, Role, str, float]  # instance, new role, kind of move, seconds out
+Mover = Callable[[Simulator, float, pl.EfficiencyReport], list[MoveOrder]]
+
+
+class HysteresisMover:
+    """Act on the planner's best placement only when the gap has lasted ``patience`` ticks.
+
+    Costs: a role change in place pauses the worker for ``role_change_s``; starting a worker
+    on an idle instance is a cold start (weights loaded fresh at ``load_gbps`` per GPU, plus
+    ``warmup_s`` of graph capture); retiring one costs nothing but its drain.
+    """
+
+    def __init__(
+        self,
+        threshold: float = 0.95,
+        patience: int = 2,
+        role_change_s: float = 1.0,
+        load_gbps: float = 2.0,
+        warmup_s: float = 30.0,
+    ) -> None:
+        self.threshold = threshold
+        self.patience = patience
+        self.role_change_s = role_change_s
+        self.load_gbps = load_gbps
+        self.warmup_s = warmup_s
+        self._low = 0
+
+    def cold_start_s(self, sim: Simulator, inst: Instance) -> float:
+        weights = sim.model.weight_bytes(inst.dep)
+        return self.warmup_s + weights / (self.load_gbps * 1e9 * inst.dep.tp)
+
+    def __call__(self, sim: Simulator, t: float, report: pl.EfficiencyReport) -> list[MoveOrder]:
+        self._low = self._low + 1 if report.efficiency < self.threshold else 0
+        if self._low < self.patience:
+            return []
+        self._low = 0
+        orders: list[MoveOrder] = []
+        for inst, role in zip(sim.instances, target_roles(sim, report.best.placement), strict=True):
+            if role is inst.role:
+                continue
+            if role is Role.OFF:
+                orders.append((inst.idx, role, "retire", 0.0))
+            elif inst.role is Role.OFF:
+                orders.append((inst.idx, role, "cold_start", self.cold_start_s(sim, inst)))
+            else:
+                orders.append((inst.idx, role, "role_change", self.role_change_s))
+        return orders
+
+
+def default_mover(sim: Simulator) -> Mover:
+    return HysteresisMover()
