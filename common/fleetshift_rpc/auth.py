@@ -1,0 +1,248 @@
+"""The server interceptor: who is calling, may they call this method, and not too often.
+
+Every method is classified in one table (``METHOD_ACCESS``) by who may call it, so adding an
+RPC means adding one line here, and a method nobody classified is treated as an operator's
+mutating call: forgetting the table locks a method down, never opens it. The interceptor
+authenticates (client certificate, else bearer token), rate-limits per caller, authorizes by
+the table, then publishes the caller for the servicer (``security.current_principal``), which
+makes the one check only it can make: that a node speaks for itself
+(``security.require_node_identity``). Every refusal is logged with the method and the peer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import inspect
+import logging
+import types
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+import grpc
+
+from fleetshift_rpc.ratelimit import RateLimiter
+from fleetshift_rpc.security import (
+    OperatorTokens,
+    Principal,
+    PrincipalKind,
+    bearer_token,
+    is_loopback_peer,
+    peer_host,
+    peer_principal,
+    reset_principal,
+    set_principal,
+)
+
+log = logging.getLogger("fleetshift.auth")
+
+RETRY_AFTER_KEY = "retry-after-ms"
+Context: TypeAlias = grpc.aio.ServicerContext
+
+
+class Access(enum.Enum):
+    PUBLIC = "public"  # health, reflection
+    AGENT = "agent"  # a node about itself (the servicer checks which node)
+    FLEET = "fleet"  # machine to machine inside the fleet: daemon -> agent, agent -> agent
+    FLEET_READ = "fleet-read"  # reading an agent's or a worker's state
+    OPERATOR_READ = "operator-read"  # reading the fleet
+    OPERATOR_WRITE = "operator-write"  # changing the fleet
+
+
+_K = PrincipalKind
+ALLOWED: Mapping[Access, frozenset[PrincipalKind]] = types.MappingProxyType(
+    {
+        Access.PUBLIC: frozenset(PrincipalKind),
+        Access.AGENT: frozenset({_K.NODE}),
+        Access.FLEET: frozenset({_K.NODE, _K.DAEMON}),
+        Access.FLEET_READ: frozenset({_K.NODE, _K.DAEMON, _K.OPERATOR}),
+        Access.OPERATOR_READ: frozenset({_K.OPERATOR, _K.DAEMON}),
+        Access.OPERATOR_WRITE: frozenset({_K.OPERATOR}),
+    }
+)
+READ_ONLY = frozenset({Access.FLEET_READ, Access.OPERATOR_READ})
+
+_A = Access
+METHOD_ACCESS: Mapping[str, Access] = types.MappingProxyType(
+    {
+        "/grpc.health.v1.Health/*": _A.PUBLIC,
+        "/grpc.reflection.v1alpha.ServerReflection/*": _A.PUBLIC,
+        "/grpc.reflection.v1.ServerReflection/*": _A.PUBLIC,
+        "/fleetshift.v1.AgentRegistry/RegisterNode": _A.AGENT,
+        "/fleetshift.v1.AgentRegistry/Heartbeat": _A.AGENT,
+        "/fleetshift.v1.FleetOperator/ListNodes": _A.OPERATOR_READ,
+        "/fleetshift.v1.FleetOperator/GetNode": _A.OPERATOR_READ,
+        "/fleetshift.v1.FleetOperator/CordonNode": _A.OPERATOR_WRITE,
+        "/fleetshift.v1.FleetOperator/UncordonNode": _A.OPERATOR_WRITE,
+        # every other FleetOperator method (Rebalance, Drain, MoveWorker ...) falls to the
+        # default, OPERATOR_WRITE; list read-only ones here explicitly.
+        "/fleetshift.v1.AgentService/GetAgentInfo": _A.FLEET_READ,
+        "/fleetshift.v1.SnapshotService/ListSnapshots": _A.FLEET_READ,
+        "/fleetshift.v1.SnapshotService/GetSnapshot": _A.FLEET_READ,
+        "/fleetshift.v1.SnapshotService/CheckCompatibility": _A.FLEET_READ,
+        "/fleetshift.v1.SnapshotService/ReadSnapshot": _A.FLEET,
+        "/fleetshift.v1.SnapshotService/DeleteSnapshot": _A.FLEET,
+        "/fleetshift.v1.WorkerService/GetCounters": _A.FLEET_READ,
+        "/fleetshift.v1.WorkerService/GetInfo": _A.FLEET_READ,
+        "/fleetshift.v1.WorkerService/*": _A.FLEET,
+    }
+)
+
+
+@dataclass(frozen=True)
+class AuthPolicy:
+    read_only_open: bool = False  # anonymous callers may use *_READ methods
+    trust_plaintext_loopback: bool = True  # plaintext loopback callers: development, trusted
+    method_access: Mapping[str, Access] = field(default_factory=lambda: METHOD_ACCESS)
+    default_access: Access = Access.OPERATOR_WRITE
+
+    def access_for(self, method: str) -> Access:
+        exact = self.method_access.get(method)
+        if exact is not None:
+            return exact
+        service = method.rpartition("/")[0]
+        return self.method_access.get(f"{service}/*", self.default_access)
+
+    def allows(self, access: Access, principal: Principal) -> bool:
+        if principal.kind is PrincipalKind.LOOPBACK_DEV:
+            return True
+        if principal.kind is PrincipalKind.ANONYMOUS:
+            return access is Access.PUBLIC or (self.read_only_open and access in READ_ONLY)
+        return principal.kind in ALLOWED[access]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    code: grpc.StatusCode
+    message: str
+    trailing: tuple[tuple[str, str], ...] = ()
+
+
+RefusalHook = Callable[[str, grpc.StatusCode], None]
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(
+        self,
+        policy: AuthPolicy,
+        tokens: OperatorTokens | None = None,
+        limiter: RateLimiter | None = None,
+        on_refused: RefusalHook | None = None,
+    ) -> None:
+        self._policy = policy
+        self._tokens = tokens
+        self._limiter = limiter
+        self._on_refused = on_refused
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None  # unknown method: grpc answers UNIMPLEMENTED
+        method: str = handler_call_details.method
+        kind = _handler_kind(handler)
+        return handler._replace(**{kind: self._wrap(getattr(handler, kind), method)})
+
+    # --- deciding -----------------------------------------------------------------------------
+
+    def identify(self, context: grpc.aio.ServicerContext) -> tuple[Principal, bool]:
+        """The caller, and whether it presented a bearer token that matched nothing."""
+        principal = peer_principal(context)
+        if (
+            principal.via == "plaintext"
+            and self._policy.trust_plaintext_loopback
+            and is_loopback_peer(principal.peer)
+        ):
+            principal = Principal(PrincipalKind.LOOPBACK_DEV, "", "plaintext", principal.peer)
+        token = bearer_token(context.invocation_metadata())
+        if token is None:
+            return principal, False
+        operator = self._tokens.operator_for(token) if (token and self._tokens) else None
+        if operator is None:
+            return principal, True
+        return Principal(PrincipalKind.OPERATOR, operator, "token", principal.peer), False
+
+    def decide(self, method: str, principal: Principal, bad_token: bool) -> Refusal | None:
+        if self._limiter is not None:
+            key = principal.label if principal.name else f"addr:{peer_host(principal.peer)}"
+            decision = self._limiter.check(key)
+            if not decision.allowed:
+                ms = decision.retry_after_ms
+                return Refusal(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"rate limit for {key} exceeded; retry in {ms} ms",
+                    ((RETRY_AFTER_KEY, str(ms)),),
+                )
+        access = self._policy.access_for(method)
+        if access is Access.PUBLIC:
+            return None
+        if bad_token:
+            return Refusal(grpc.StatusCode.PERMISSION_DENIED, "bearer token not recognised")
+        if self._policy.allows(access, principal):
+            return None
+        if principal.kind is PrincipalKind.ANONYMOUS:
+            return Refusal(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"{method} ({access.value}) needs credentials: a client certificate "
+                "or 'authorization: Bearer <token>'",
+            )
+        return Refusal(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"{principal.label} may not call {method} ({access.value})",
+        )
+
+    async def _admit(self, method: str, context: grpc.aio.ServicerContext) -> Any:
+        principal, bad_token = self.identify(context)
+        refusal = self.decide(method, principal, bad_token)
+        if refusal is not None:
+            log.warning(
+                "rpc refused: %s",
+                refusal.message,
+                extra={
+                    "method": method,
+                    "peer": principal.peer,
+                    "caller": principal.label,
+                    "via": principal.via,
+                    "code": refusal.code.name,
+                },
+            )
+            if self._on_refused is not None:
+                self._on_refused(method, refusal.code)
+            await context.abort(refusal.code, refusal.message, trailing_metadata=refusal.trailing)
+        return set_principal(principal)
+
+    # --- wrapping the four handler shapes -----------------------------------------------------
+
+    def _wrap(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+        if inspect.isasyncgenfunction(behavior):
+
+            async def streaming(request: Any, context: Context) -> AsyncIterator[Any]:
+                token = await self._admit(method, context)
+                try:
+                    async for item in behavior(request, context):
+                        yield item
+                finally:
+                    with contextlib.suppress(ValueError):  # closed from another context
+                        reset_principal(token)
+
+            return streaming
+
+        async def unary(request: Any, context: Context) -> Any:
+            token = await self._admit(method, context)
+            try:
+                result = behavior(request, context)
+                return await result if inspect.isawaitable(result) else result
+            finally:
+                reset_principal(token)
+
+        return unary
+
+
+def _handler_kind(handler: grpc.RpcMethodHandler) -> str:
+    if handler.request_streaming:
+        return "stream_stream" if handler.response_streaming else "stream_unary"
+    return "unary_stream" if handler.response_streaming else "unary_unary"

@@ -1,0 +1,310 @@
+"""Who is calling: TLS credentials, the caller's identity, and the checks servicers make.
+
+A node's name is only worth something if the caller cannot choose it. Under mTLS the name comes
+from the client certificate's URI SAN (``fleetshift://node/<name>``), which the handshake has
+already proven against the fleet CA; a servicer then compares it with the ``node_name`` in the
+request (``require_node_identity``), so node A's certificate can never register or heartbeat as
+node B. The interceptor (``fleetshift_rpc.auth``) establishes the ``Principal`` once per call and
+publishes it in a context variable, because grpc.aio interceptors cannot see the deserialized
+request of a unary call while servicers can: the split keeps each check where its data is.
+
+Plaintext exists for loopback development only; ``check_plaintext_allowed`` refuses anything
+else at start, with the config key named, instead of letting a fleet run unauthenticated.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import functools
+import hashlib
+import hmac
+import ipaddress
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+
+from fleetshift_common.config import ConfigError
+from fleetshift_common.errors import PermissionDenied
+
+log = logging.getLogger("fleetshift.security")
+
+URI_PREFIX = "fleetshift://"
+
+
+class PrincipalKind(enum.Enum):
+    NODE = "node"  # an agent, by its node certificate
+    OPERATOR = "operator"  # a person or tool, by operator certificate or bearer token
+    DAEMON = "daemon"  # the central daemon dialling agents, by its server certificate
+    ANONYMOUS = "anonymous"  # no identity (TLS without client certificate, no token)
+    LOOPBACK_DEV = "loopback-dev"  # plaintext on loopback: development, trusted fully
+
+
+@dataclass(frozen=True)
+class Principal:
+    kind: PrincipalKind
+    name: str
+    via: str  # "certificate" | "token" | "plaintext" | "none"
+    peer: str  # grpc's peer string, for logs
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind.value}:{self.name}" if self.name else self.kind.value
+
+
+CERTIFICATE_KINDS = (PrincipalKind.NODE, PrincipalKind.OPERATOR, PrincipalKind.DAEMON)
+
+_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "fleetshift_principal", default=None
+)
+
+
+def current_principal() -> Principal | None:
+    """The caller of the RPC being served, or None when no auth interceptor ran."""
+    return _principal.get()
+
+
+def set_principal(principal: Principal) -> contextvars.Token[Principal | None]:
+    return _principal.set(principal)
+
+
+def reset_principal(token: contextvars.Token[Principal | None]) -> None:
+    _principal.reset(token)
+
+
+def require_node_identity(node_name: str) -> Principal:
+    """Refuse unless the caller is the node ``node_name`` (or a loopback development client).
+
+    Servicers call it first thing in every RPC an agent makes about itself (RegisterNode,
+    Heartbeat, and later ones). It fails closed: with no identity established (the auth
+    interceptor is not installed) nothing passes.
+    """
+    principal = current_principal()
+    if principal is None:
+        raise PermissionDenied(
+            f"no caller identity established for node '{node_name}' "
+            "(the auth interceptor is not installed on this server)",
+            field="node_name",
+        )
+    if principal.kind is PrincipalKind.LOOPBACK_DEV:
+        return principal
+    if principal.kind is not PrincipalKind.NODE:
+        raise PermissionDenied(
+            f"caller {principal.label} is not a node and cannot act as node '{node_name}'",
+            field="node_name",
+        )
+    if principal.name != node_name:
+        log.warning(
+            "node identity mismatch refused",
+            extra={"caller": principal.label, "claimed": node_name, "peer": principal.peer},
+        )
+        raise PermissionDenied(
+            f"node certificate '{principal.name}' cannot act as node '{node_name}'",
+            field="node_name",
+        )
+    return principal
+
+
+# --- identity from a certificate ------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def principal_from_pem(pem: bytes) -> tuple[PrincipalKind, str]:
+    """The identity a verified peer certificate carries in its ``fleetshift://`` URI SAN.
+
+    A certificate of the right CA without exactly one such URI is anonymous: a role is never
+    guessed from a common name alone. Cached because the same few certificates call all day.
+    """
+    cert = x509.load_pem_x509_certificate(pem)
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return PrincipalKind.ANONYMOUS, ""
+    uris = [u for u in sans.get_values_for_type(x509.UniformResourceIdentifier)]
+    ours = [u[len(URI_PREFIX) :] for u in uris if u.startswith(URI_PREFIX)]
+    if len(ours) != 1:
+        return PrincipalKind.ANONYMOUS, ""
+    kind, _, name = ours[0].partition("/")
+    by_value = {k.value: k for k in CERTIFICATE_KINDS}
+    if kind not in by_value or not name or "/" in name:
+        return PrincipalKind.ANONYMOUS, ""
+    return by_value[kind], name
+
+
+def peer_principal(context: grpc.aio.ServicerContext) -> Principal:
+    """Identity of the transport: the client certificate if any, plaintext, or anonymous."""
+    auth = context.auth_context() or {}
+    peer = context.peer() or ""
+    pems = auth.get("x509_pem_cert")
+    if pems:
+        kind, name = principal_from_pem(bytes(pems[0]))
+        return Principal(kind, name, "certificate" if name else "none", peer)
+    if not auth.get("transport_security_type") or auth.get("transport_security_type") == [
+        b"insecure"
+    ]:
+        return Principal(PrincipalKind.ANONYMOUS, "", "plaintext", peer)
+    return Principal(PrincipalKind.ANONYMOUS, "", "none", peer)
+
+
+def peer_host(peer: str) -> str:
+    """``ipv4:127.0.0.1:5555`` -> ``127.0.0.1``; ``ipv6:[::1]:5555`` -> ``::1``."""
+    _, _, rest = peer.partition(":")
+    host = rest.rpartition(":")[0] if ":" in rest else rest
+    return host.strip("[]") or peer
+
+
+def is_loopback_peer(peer: str) -> bool:
+    if peer.startswith("unix:"):
+        return True
+    try:
+        return ipaddress.ip_address(peer_host(peer)).is_loopback
+    except ValueError:
+        return False
+
+
+# --- operator tokens --------------------------------------------------------------------------
+
+
+def hash_token(token: str) -> str:
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+
+
+class OperatorTokens:
+    """Operator bearer tokens, stored only as sha256 digests, one ``<operator> sha256:<hex>``
+    per line. A presented token is hashed and compared with every stored digest in constant
+    time, so neither a match's position nor a near miss shows in the response time."""
+
+    def __init__(self, entries: Mapping[str, str]) -> None:
+        # digest -> operator name
+        self._entries = [(digest.encode(), name) for digest, name in entries.items()]
+
+    @classmethod
+    def parse(cls, lines: Iterable[str], source: str = "tokens") -> OperatorTokens:
+        entries: dict[str, str] = {}
+        for number, raw in enumerate(lines, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            parts = line.split()
+            if len(parts) != 2 or not parts[1].startswith("sha256:") or len(parts[1]) != 71:
+                raise ConfigError(
+                    f"{source}:{number}: expected '<operator> sha256:<64 hex digits>'",
+                    field="operator_tokens_file",
+                )
+            entries[parts[1].lower()] = parts[0]
+        return cls(entries)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> OperatorTokens:
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise ConfigError(
+                f"operator tokens file {path} does not exist", field="operator_tokens_file"
+            ) from None
+        return cls.parse(text.splitlines(), str(path))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def operator_for(self, token: str) -> str | None:
+        presented = hash_token(token).encode()
+        found: str | None = None
+        for digest, name in self._entries:
+            if hmac.compare_digest(presented, digest):
+                found = name
+        return found
+
+
+def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
+    """The token of ``authorization: Bearer <token>``; '' when the header is malformed."""
+    for key, value in metadata or ():
+        if key.lower() != "authorization":
+            continue
+        text = value.decode(errors="replace") if isinstance(value, bytes) else value
+        scheme, _, token = text.strip().partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else ""
+    return None
+
+
+# --- TLS material -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM paths of this process's certificate, its key and the fleet CA bundle."""
+
+    cert: str
+    key: str
+    ca: str
+
+    @classmethod
+    def from_config(cls, cert: str, key: str, ca: str, prefix: str = "tls_") -> TlsFiles | None:
+        """None when all three are empty (plaintext); a ConfigError naming the missing key
+        when only some are set, or when a file cannot be read."""
+        values = {f"{prefix}cert": cert, f"{prefix}key": key, f"{prefix}ca": ca}
+        if not any(values.values()):
+            return None
+        for name, value in values.items():
+            if not value:
+                raise ConfigError(
+                    f"config key '{name}' must be set with {', '.join(values)}", field=name
+                )
+            if not Path(value).is_file():
+                raise ConfigError(f"config key '{name}': no file at {value}", field=name)
+        return cls(cert, key, ca)
+
+    def _read(self) -> tuple[bytes, bytes, bytes]:
+        return Path(self.cert).read_bytes(), Path(self.key).read_bytes(), Path(self.ca).read_bytes()
+
+    def server_credentials(self, require_client_cert: bool = True) -> grpc.ServerCredentials:
+        """mTLS (client certificate required and verified against the CA) by default; without
+        it, TLS only: the port on which operators present bearer tokens."""
+        cert, key, ca = self._read()
+        return grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=ca, require_client_auth=require_client_cert
+        )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        cert, key, ca = self._read()
+        return grpc.ssl_channel_credentials(ca, private_key=key, certificate_chain=cert)
+
+    def identity(self) -> tuple[PrincipalKind, str]:
+        return principal_from_pem(Path(self.cert).read_bytes())
+
+    def check_identity(self, kind: PrincipalKind, name: str, key: str = "tls_cert") -> None:
+        """Refuse to start with a certificate that names someone else (an agent configured as
+        ``node_name = a`` holding b's certificate would be refused on every call)."""
+        got_kind, got_name = self.identity()
+        if (got_kind, got_name) != (kind, name):
+            raise ConfigError(
+                f"config key '{key}': certificate {self.cert} identifies "
+                f"{got_kind.value}:{got_name or '?'}, expected {kind.value}:{name}",
+                field=key,
+            )
+
+
+def check_plaintext_allowed(listen: str, key: str = "listen") -> None:
+    """Plaintext is for loopback development: refuse any other address, warn on loopback."""
+    host = listen.rpartition(":")[0].strip("[]")
+    loopback = host == "localhost"
+    if not loopback:
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+    if not loopback:
+        raise ConfigError(
+            f"config key '{key}' = {listen!r} is not a loopback address: plaintext gRPC is "
+            "allowed on loopback only; set tls_cert, tls_key and tls_ca for anything else",
+            field=key,
+        )
+    log.warning(
+        "PLAINTEXT gRPC on %s: no authentication, no encryption; development only",
+        listen,
+        extra={"listen": listen, "key": key},
+    )
