@@ -39,8 +39,9 @@ def die() -> None:
 def main(root: Path, mode: str) -> None:
     root.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fleetshift_agent.snapshot import write_snapshot
     from helpers import make_key  # type: ignore[import-not-found]
+
+    from fleetshift_agent.snapshot import write_snapshot
 
     real_write, real_rename = os.write, os.rename
     written = [0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+
 from fleetshift_common.compat import CompatKey
 
 torch.set_num_threads(1)

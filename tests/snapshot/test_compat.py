@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fleetshift_agent.snapshot import SnapshotIncompatible, open_snapshot
 from fleetshift_common.compat import CompatKey, compare
 from fleetshift_common.errors import ErrorKind, InvalidArgument

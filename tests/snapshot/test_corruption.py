@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from fleetshift_agent.snapshot import (
     SnapshotCorrupt,
     SnapshotInfo,
@@ -248,3 +249,18 @@ def test_absurd_header_length_is_refused(snap: Path) -> None:
     refused(snap, WEIGHTS, "absurd header length", UnsafeTensorFile)
     with pytest.raises(UnsafeTensorFile, match="absurd header length"):
         open_snapshot(snap).load_tensors("weights")
+
+
+def test_manifest_dropping_a_shard_is_refused(write_sample) -> None:
+    snap = write_sample(shard_bytes=1500).path
+    shards = sorted(
+        n
+        for n in json.loads((snap / "manifest.json").read_text())["files"]
+        if n.startswith("tensors/kv@")
+    )
+    assert len(shards) >= 3
+    (snap / shards[1]).unlink()
+    edit_manifest(snap, lambda doc: doc["files"].pop(shards[1]))
+    with pytest.raises(SnapshotCorrupt, match=r"tensor group 'kv'.*shards") as exc_info:
+        open_snapshot(snap)
+    assert exc_info.value.file == "manifest.json"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from fleetshift_agent.snapshot import SnapshotStore
 
 from .crash_child import SNAPSHOT_ID, expected_tensors

@@ -4,13 +4,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
+
 from fleetshift_agent.snapshot import (
     InvalidSnapshotName,
     SnapshotExists,
     SnapshotPartNotFound,
     open_snapshot,
 )
-from safetensors import safe_open
 
 from .helpers import ARTIFACTS, JSON_PARTS, make_key, sample_tensors
 
@@ -106,3 +107,25 @@ def test_unknown_part_is_not_found(write_sample) -> None:
         snap.load_tensors("optimizer")
     with pytest.raises(SnapshotPartNotFound, match="nope"):
         snap.load_json("nope")
+
+
+def test_large_groups_are_sharded_and_load_whole(write_sample) -> None:
+    info = write_sample(shard_bytes=1500)
+    snap = open_snapshot(info.path)
+    shards = snap.manifest.tensor_files("kv")
+    assert len(shards) > 1
+    assert shards[0] == f"tensors/kv@1-of-{len(shards)}.safetensors"
+    assert snap.tensor_groups == ["kv", "weights"]
+    snap.verify()
+    expected = sample_tensors()
+    for group in ("kv", "weights"):
+        loaded = snap.load_tensors(group)
+        assert set(loaded) == set(expected[group])
+        assert all(_bitwise_equal(loaded[n], t) for n, t in expected[group].items())
+    seen: set[str] = set()
+    for shard in shards:  # each shard is a standard safetensors file of whole tensors
+        with safe_open(str(info.path / shard), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                assert _bitwise_equal(f.get_tensor(name), expected["kv"][name])
+                seen.add(name)
+    assert seen == set(expected["kv"])

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from fleetshift_agent.snapshot import (
     RetentionPolicy,
     SnapshotInUse,

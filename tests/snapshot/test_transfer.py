@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+
 from fleetshift.v1 import snapshot_pb2, snapshot_pb2_grpc
 from fleetshift_agent.snapshot import (
     SnapshotCorrupt,

@@ -12,11 +12,15 @@ import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from fleetshift_agent.snapshot.errors import SnapshotCorrupt
+from fleetshift_agent.snapshot.names import (
+    MANIFEST,
+    is_safe_name,
+    parse_tensor_stem,
+    split_file_name,
+)
 from fleetshift_common.compat import CompatKey
 from fleetshift_common.errors import InvalidArgument
-
-from fleetshift_agent.snapshot.errors import SnapshotCorrupt
-from fleetshift_agent.snapshot.names import MANIFEST, is_safe_name, split_file_name
 
 FORMAT = "fleetshift.snapshot"
 FORMAT_VERSION = 1
@@ -45,12 +49,29 @@ class Manifest:
 
     def names(self, kind: str) -> list[str]:
         """Names of the parts of one kind ('tensors', 'json', 'artifacts'), sorted."""
-        out = []
+        out = set()
         for path in self.files:
             split = split_file_name(path)
             if split and split[0] == kind:
-                out.append(split[1])
+                out.add(split[1])
         return sorted(out)
+
+    def tensor_files(self, group: str) -> list[str]:
+        """The files holding a tensor group, in shard order (checked to be complete)."""
+        found: dict[int, tuple[str, int]] = {}
+        for path in self.files:
+            if not path.startswith("tensors/"):
+                continue
+            parsed = parse_tensor_stem(path[len("tensors/") : -len(".safetensors")])
+            if parsed and parsed[0] == group:
+                found[parsed[1]] = (path, parsed[2])
+        counts = {count for _, count in found.values()}
+        if found and (len(counts) != 1 or sorted(found) != list(range(1, counts.pop() + 1))):
+            raise _bad(
+                self.snapshot_id,
+                f"tensor group {group!r} has an inconsistent set of shards: {sorted(found)}",
+            )
+        return [found[i][0] for i in sorted(found)]
 
     def to_bytes(self) -> bytes:
         doc = {
@@ -98,7 +119,7 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
         raise _bad(where, f"key: {exc}") from None
     if not isinstance(doc["spec"], dict):
         raise _bad(where, "spec must be a JSON object")
-    return Manifest(
+    manifest = Manifest(
         snapshot_id=sid,
         created_at=float(created),
         key=key,
@@ -106,6 +127,9 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
         files=_parse_files(doc["files"], where),
         format_version=FORMAT_VERSION,
     )
+    for group in manifest.names("tensors"):
+        manifest.tensor_files(group)  # raises on an incomplete or mixed set of shards
+    return manifest
 
 
 def _parse_files(files: object, where: str) -> dict[str, FileEntry]:

@@ -30,8 +30,27 @@ def check_name(what: str, name: str) -> str:
     return name
 
 
-def tensor_file(group: str) -> str:
-    return f"tensors/{check_name('tensor group', group)}.safetensors"
+_SHARD = re.compile(r"(?P<group>[^@]+)@(?P<index>[1-9][0-9]{0,5})-of-(?P<count>[1-9][0-9]{0,5})")
+
+
+def tensor_file(group: str, index: int = 1, count: int = 1) -> str:
+    """``tensors/<group>.safetensors``, or ``tensors/<group>@<i>-of-<n>.safetensors`` (1-based)
+    when a large group is split into shards that can be hashed in parallel."""
+    check_name("tensor group", group)
+    if count == 1:
+        return f"tensors/{group}.safetensors"
+    return f"tensors/{group}@{index}-of-{count}.safetensors"
+
+
+def parse_tensor_stem(stem: str) -> tuple[str, int, int] | None:
+    """``'weights@2-of-3'`` -> ``('weights', 2, 3)``; ``'kv'`` -> ``('kv', 1, 1)``."""
+    if is_safe_name(stem):
+        return stem, 1, 1
+    m = _SHARD.fullmatch(stem)
+    if not m or not is_safe_name(m["group"]):
+        return None
+    index, count = int(m["index"]), int(m["count"])
+    return (m["group"], index, count) if 1 <= index <= count and count > 1 else None
 
 
 def json_file(part: str) -> str:
@@ -43,7 +62,8 @@ def artifact_file(name: str) -> str:
 
 
 def split_file_name(path: str) -> tuple[str, str] | None:
-    """``'tensors/weights.safetensors'`` -> ``('tensors', 'weights')``; None if not admissible."""
+    """``'tensors/weights@1-of-2.safetensors'`` -> ``('tensors', 'weights')``, ``'json/a.json'``
+    -> ``('json', 'a')``; None if the name is not admissible."""
     kind, sep, rest = path.partition("/")
     if not sep or kind not in KINDS:
         return None
@@ -52,4 +72,7 @@ def split_file_name(path: str) -> tuple[str, str] | None:
         if not rest.endswith(suffix):
             return None
         rest = rest[: -len(suffix)]
+    if kind == "tensors":
+        parsed = parse_tensor_stem(rest)
+        return (kind, parsed[0]) if parsed else None
     return (kind, rest) if is_safe_name(rest) else None

@@ -15,14 +15,14 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import grpc
-from fleetshift.v1 import snapshot_pb2, snapshot_pb2_grpc
-from fleetshift_common.compat import CompatKey, CompatVerdict
-from fleetshift_common.errors import ErrorKind, FleetShiftError, InvalidArgument
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from fleetshift.v1 import snapshot_pb2, snapshot_pb2_grpc
 from fleetshift_agent.snapshot.errors import SnapshotCorrupt, SnapshotPartNotFound
 from fleetshift_agent.snapshot.snapshot import Snapshot
 from fleetshift_agent.snapshot.store import SnapshotStore, SnapshotSummary
+from fleetshift_common.compat import CompatKey, CompatVerdict
+from fleetshift_common.errors import ErrorKind, FleetShiftError, InvalidArgument
 
 DEFAULT_CHUNK = 2 << 20
 # gRPC's default receive limit is 4 MiB per message; stay under it for any peer channel.
@@ -52,7 +52,7 @@ def status_for(error: FleetShiftError) -> grpc.StatusCode:
 
 
 def key_to_proto(key: CompatKey) -> snapshot_pb2.SnapshotCompatKey:
-    return snapshot_pb2.SnapshotCompatKey(**key.to_json())  # type: ignore[arg-type]
+    return snapshot_pb2.SnapshotCompatKey(**key.to_json())
 
 
 def key_from_proto(msg: snapshot_pb2.SnapshotCompatKey) -> CompatKey:

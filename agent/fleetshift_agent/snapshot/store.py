@@ -10,6 +10,7 @@ mid-delete leaves garbage that the next start removes, never a half snapshot.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import secrets
@@ -23,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetshift_common.compat import CompatKey
-
 from fleetshift_agent.snapshot.errors import (
     SnapshotCorrupt,
     SnapshotExists,
@@ -35,6 +34,7 @@ from fleetshift_agent.snapshot.fileio import fsync_dir
 from fleetshift_agent.snapshot.names import INCOMING_PREFIX, TMP_PREFIX, check_name
 from fleetshift_agent.snapshot.snapshot import Snapshot, open_snapshot
 from fleetshift_agent.snapshot.writer import SnapshotInfo, write_snapshot
+from fleetshift_common.compat import CompatKey
 
 log = logging.getLogger(__name__)
 PINS = ".pins"
@@ -169,7 +169,7 @@ class SnapshotStore:
         fsync_dir(self.root)
         shutil.rmtree(doomed, ignore_errors=True)
 
-    def apply_retention(self, policy: RetentionPolicy) -> list[str]:
+    def apply_retention(self, policy: RetentionPolicy) -> builtins.list[str]:
         """Delete what the policy no longer keeps; returns the deleted ids, oldest first."""
         with self._lock:
             snaps = self.list()
@@ -191,7 +191,7 @@ class SnapshotStore:
 
     # -- leftovers and transfers ------------------------------------------------------------
 
-    def cleanup_tmp(self) -> list[str]:
+    def cleanup_tmp(self) -> builtins.list[str]:
         """Remove half-written (or half-deleted) ``.tmp-*`` directories; returns their names."""
         removed = []
         for entry in os.scandir(self.root):

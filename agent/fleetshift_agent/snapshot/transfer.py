@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from fleetshift.v1 import snapshot_pb2, snapshot_pb2_grpc
 
+from fleetshift.v1 import snapshot_pb2, snapshot_pb2_grpc
 from fleetshift_agent.snapshot.errors import (
     SnapshotCorrupt,
     SnapshotExists,

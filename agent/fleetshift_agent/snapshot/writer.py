@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fleetshift_common.compat import CompatKey
-from fleetshift_common.errors import InvalidArgument
 
 from fleetshift_agent.snapshot import tensorfile
 from fleetshift_agent.snapshot.errors import SnapshotExists
@@ -37,6 +35,10 @@ from fleetshift_agent.snapshot.names import (
     json_file,
     tensor_file,
 )
+from fleetshift_common.compat import CompatKey
+from fleetshift_common.errors import InvalidArgument
+
+SHARD_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,25 @@ class SnapshotInfo:
     size_bytes: int  # every file, manifest included
     created_at: float
     key: CompatKey
+
+
+def _shards(
+    group: str, tensors: Mapping[str, torch.Tensor], shard_bytes: int
+) -> list[tuple[str, dict[str, torch.Tensor]]]:
+    """Pack whole tensors, in name order, into shards of at most ``shard_bytes`` (a tensor
+    larger than that gets a shard of its own)."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    filled = 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        size = t.numel() * t.element_size()
+        if shards[-1] and filled + size > shard_bytes:
+            shards.append({})
+            filled = 0
+        shards[-1][name] = t
+        filled += size
+    n = len(shards)
+    return [(tensor_file(group, i + 1, n), shard) for i, shard in enumerate(shards)]
 
 
 def _json_bytes(what: str, value: Any) -> bytes:
@@ -65,8 +86,13 @@ def write_snapshot(
     json_parts: Mapping[str, Any],
     artifacts: Mapping[str, bytes] | None = None,
     clock: Callable[[], float] = time.time,
+    shard_bytes: int = SHARD_BYTES,
 ) -> SnapshotInfo:
-    """Write a snapshot atomically as ``root/snapshot_id``; refuses to replace one."""
+    """Write a snapshot atomically as ``root/snapshot_id``; refuses to replace one.
+
+    A tensor group larger than ``shard_bytes`` is split into several safetensors files
+    (whole tensors each) so that restore can verify them on several cores at once.
+    """
     check_name("snapshot id", snapshot_id)
     spec_doc = json.loads(_json_bytes("spec", dict(spec)))
     blobs: dict[str, bytes] = {
@@ -75,7 +101,9 @@ def write_snapshot(
     for name, data in (artifacts or {}).items():
         blobs[artifact_file(name)] = bytes(data) if not isinstance(data, bytes) else data
     plans = {
-        tensor_file(g): (tensors, *tensorfile.plan(tensors)) for g, tensors in tensor_groups.items()
+        name: (shard, *tensorfile.plan(shard))
+        for group, tensors in tensor_groups.items()
+        for name, shard in _shards(group, tensors, shard_bytes)
     }
     root = Path(root)
     final = root / snapshot_id
