@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from fleetshift_agent.engine.make_model import main as make_model
 
 torch.set_num_threads(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from fleetshift_agent.engine.config import compile_enabled_by_env
 
 from .helpers import REQUESTS, add_all, drain, new_engine, run_all

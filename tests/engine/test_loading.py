@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
+
 from fleetshift_agent.engine import EngineConfig, SamplingParams
 from fleetshift_agent.engine.factory import engine_from_dir
 from fleetshift_agent.engine.make_model import PRESETS, random_model
 from fleetshift_agent.engine.weights import load_model_dir, save_model_dir, weights_digest
 from fleetshift_common.errors import AlreadyExists, InvalidArgument
-from safetensors.torch import load_file, save_file
 
 from .helpers import REQUESTS, new_engine, run_all
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from fleetshift_agent.engine import SessionExport
 from fleetshift_agent.engine.make_model import main as make_model
 from fleetshift_agent.engine.state import capture_state, restore_state

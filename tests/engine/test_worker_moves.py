@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+
 from fleetshift.v1 import worker_pb2
 
 from .helpers import REQUESTS, run_all
@@ -20,11 +22,15 @@ def workers(tmp_path: Path) -> Iterator[Workers]:
     yield from workers_in(tmp_path)
 
 
-async def _start_all(s: object, first: int) -> tuple[dict[str, object], dict[str, list[int]]]:
+async def _start_all(s: object, steps: int) -> tuple[dict[str, object], dict[str, list[int]]]:
+    """Starts every request on a paused worker, runs exactly ``steps`` steps, reads them."""
     calls = {sid: s.Generate(generate_request(sid, req)) for sid, req in REQUESTS.items()}  # type: ignore[attr-defined]
+    while (await s.GetCounters(worker_pb2.GetWorkerCountersRequest())).live_sessions < len(calls):  # type: ignore[attr-defined]
+        await asyncio.sleep(0.02)
+    await s.Resume(worker_pb2.WorkerResumeRequest(steps=steps))  # type: ignore[attr-defined]
     received: dict[str, list[int]] = {sid: [] for sid in REQUESTS}
     for sid, call in calls.items():
-        for _ in range(first):
+        for _ in range(steps):
             msg = await call.read()  # type: ignore[attr-defined]
             received[sid].append(msg.token)
     return calls, received
@@ -36,12 +42,12 @@ async def test_snapshot_sigkill_and_restore_continue_every_session_exactly(
     reference = run_all(tiny_model, REQUESTS)
     snaps = tmp_path / "snapshots"
     snaps.mkdir()
-    first = workers.start("--model-dir", str(tiny_model))
+    first = workers.start("--model-dir", str(tiny_model), "--start-paused")
     async with first.channel() as ch:
         s = stub(ch)
-        _, received = await _start_all(s, first=4)
+        _, received = await _start_all(s, steps=4)
         paused = await s.Pause(worker_pb2.WorkerPauseRequest())
-        assert paused.paused
+        assert paused.paused and paused.steps == 4
         snap = await s.Snapshot(worker_pb2.WorkerSnapshotRequest(dir=str(snaps), snapshot_id="mid"))
         assert sorted(snap.session_ids) == sorted(REQUESTS)
         still = await s.Pause(worker_pb2.WorkerPauseRequest())
@@ -63,12 +69,11 @@ async def test_restore_rpc_into_a_running_worker(
     tiny_model: Path, tmp_path: Path, workers: Workers
 ) -> None:
     reference = run_all(tiny_model, REQUESTS)
-    source = workers.start("--model-dir", str(tiny_model))
+    source = workers.start("--model-dir", str(tiny_model), "--start-paused")
     target = workers.start("--model-dir", str(tiny_model))
     async with source.channel() as ch:
         s = stub(ch)
-        _, received = await _start_all(s, first=2)
-        await s.Pause(worker_pb2.WorkerPauseRequest())
+        _, received = await _start_all(s, steps=2)
         snap = await s.Snapshot(
             worker_pb2.WorkerSnapshotRequest(dir=str(tmp_path), snapshot_id="s1")
         )
@@ -87,13 +92,12 @@ async def test_sessions_exported_with_kv_and_as_tokens_continue_in_another_worke
     tiny_model: Path, workers: Workers
 ) -> None:
     reference = run_all(tiny_model, REQUESTS)
-    source = workers.start("--model-dir", str(tiny_model))
+    source = workers.start("--model-dir", str(tiny_model), "--start-paused")
     target = workers.start("--model-dir", str(tiny_model))
     with_kv = {"greedy-long", "seeded-topp"}
     async with source.channel() as src_ch, target.channel() as dst_ch:
         src, dst = stub(src_ch), stub(dst_ch)
-        calls, received = await _start_all(src, first=3)
-        await src.Pause(worker_pb2.WorkerPauseRequest())  # else the tiny model finishes first
+        calls, received = await _start_all(src, steps=3)
         for sid in REQUESTS:
             exported = await src.ExportSession(
                 worker_pb2.ExportSessionRequest(

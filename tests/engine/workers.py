@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+
 from fleetshift.v1 import worker_pb2, worker_pb2_grpc
 from fleetshift_agent.engine import SamplingParams
 

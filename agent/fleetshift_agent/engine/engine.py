@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from fleetshift_common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 from fleetshift_agent.engine import model as M
 from fleetshift_agent.engine.config import (
@@ -31,6 +30,7 @@ from fleetshift_agent.engine.sampling import SamplingParams, new_generator, samp
 from fleetshift_agent.engine.scheduler import Scheduler, Slice
 from fleetshift_agent.engine.session import Session, SessionExport, SessionState
 from fleetshift_agent.engine.weights import torch_dtype
+from fleetshift_common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 Clock = Callable[[], float]
 

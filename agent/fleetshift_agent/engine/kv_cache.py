@@ -8,6 +8,7 @@ tokens it holds.
 from __future__ import annotations
 
 import torch
+
 from fleetshift_common.errors import ResourceExhausted
 
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from fleetshift_common.errors import ResourceExhausted
-
 from fleetshift_agent.engine.kv_cache import PagedKVCache
 from fleetshift_agent.engine.session import Session, SessionState
+from fleetshift_common.errors import ResourceExhausted
 
 
 @dataclass(frozen=True)

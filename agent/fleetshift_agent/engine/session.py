@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from fleetshift_common.errors import InvalidArgument
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from fleetshift_agent.engine.sampling import SamplingParams, new_generator
+from fleetshift_common.errors import InvalidArgument
 
 
 class SessionState(enum.Enum):

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from fleetshift_common.errors import AlreadyExists
 
 from fleetshift_agent.engine.config import EngineConfig, ModelConfig
 from fleetshift_agent.engine.engine import Clock, Engine
 from fleetshift_agent.engine.session import Session, SessionExport
 from fleetshift_agent.engine.weights import build_model
+from fleetshift_common.errors import AlreadyExists
 
 COMPILE_ARTIFACT = "compile_cache.bin"
 

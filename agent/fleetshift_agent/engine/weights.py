@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from fleetshift_common.errors import InvalidArgument
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from fleetshift_agent.engine.config import ModelConfig
 from fleetshift_agent.engine.model import LlamaModel
+from fleetshift_common.errors import InvalidArgument
 
 _CHUNK = 8 << 20
 

@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 
 import torch
-from fleetshift_common.lifecycle import stop_event, write_port_file
-from fleetshift_rpc.server import start_server
 
 from fleetshift_agent.engine import Engine, EngineConfig
 from fleetshift_agent.engine.factory import engine_from_dir
@@ -26,6 +24,8 @@ from fleetshift_agent.worker.feeds import Feeds
 from fleetshift_agent.worker.runner import EngineRunner
 from fleetshift_agent.worker.service import ROLES, WorkerServicer, WorkerState, binding
 from fleetshift_agent.worker.snapshots import engine_from_snapshot
+from fleetshift_common.lifecycle import stop_event, write_port_file
+from fleetshift_rpc.server import start_server
 
 log = logging.getLogger("fleetshift.worker")
 

@@ -12,9 +12,8 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from fleetshift_common.errors import AlreadyExists, NotFound
-
 from fleetshift_agent.engine import TokenEvent
+from fleetshift_common.errors import AlreadyExists, NotFound
 
 
 class Feed:

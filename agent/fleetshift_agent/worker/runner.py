@@ -26,6 +26,7 @@ class EngineRunner:
         self._waiting_control = 0
         self._count_lock = threading.Lock()  # not the step lock: counting must not wait
         self._paused = False
+        self._steps_left: int | None = None  # a bounded resume pauses again after this many
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
 
@@ -56,6 +57,10 @@ class EngineRunner:
                 events = self.engine.step()
                 if events:
                     self._publish(events)  # under the lock: ordered before any control call
+                if self._steps_left is not None:
+                    self._steps_left -= 1
+                    if self._steps_left <= 0:
+                        self._paused, self._steps_left = True, None
 
     def call_blocking(self, fn: Callable[[], T]) -> T:
         with self._count_lock:
@@ -72,7 +77,12 @@ class EngineRunner:
         """Runs ``fn`` between two steps, off the event loop."""
         return await asyncio.to_thread(self.call_blocking, fn)
 
-    def set_paused(self, paused: bool) -> int:
-        """Must run inside ``call``: returns the step count at the boundary."""
+    def set_paused(self, paused: bool, *, steps: int = 0) -> int:
+        """Must run inside ``call``: returns the step count at the boundary.
+
+        Resuming with ``steps`` > 0 runs that many steps and pauses again (single-stepping,
+        for tests and for an operator inspecting a worker).
+        """
         self._paused = paused
+        self._steps_left = steps if (not paused and steps > 0) else None
         return self.engine.steps

@@ -17,12 +17,8 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from fleetshift.v1 import fleet_pb2, worker_pb2, worker_pb2_grpc
-from fleetshift_common.compat import CompatVerdict
-from fleetshift_common.errors import FailedPrecondition, FleetShiftError, InvalidArgument
-from fleetshift_rpc.errors import rpc_errors, status_for
-from fleetshift_rpc.server import ServiceBinding
 
+from fleetshift.v1 import fleet_pb2, worker_pb2, worker_pb2_grpc
 from fleetshift_agent.engine import Engine, SamplingParams, SessionExport
 from fleetshift_agent.engine.state import RestoreReport, capture_state
 from fleetshift_agent.snapshot import open_snapshot
@@ -33,6 +29,10 @@ from fleetshift_agent.worker.snapshots import (
     import_snapshot_sessions,
     write_engine_snapshot,
 )
+from fleetshift_common.compat import CompatVerdict
+from fleetshift_common.errors import FailedPrecondition, FleetShiftError, InvalidArgument
+from fleetshift_rpc.errors import rpc_errors, status_for
+from fleetshift_rpc.server import ServiceBinding
 
 log = logging.getLogger("fleetshift.worker")
 
@@ -179,7 +179,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     async def Resume(
         self, request: worker_pb2.WorkerResumeRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.WorkerRunState:
-        await self.runner.call(lambda: self.runner.set_paused(False))
+        await self.runner.call(lambda: self.runner.set_paused(False, steps=request.steps))
         return self._run_state()
 
     @rpc_errors
@@ -279,18 +279,21 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         feed_tokens = exp.description["tokens"][exp.description["prompt_len"] :]
         self.feeds.create(sid, feed_tokens)
         try:
-            session = await self.runner.call(lambda: self.engine.import_session(exp))
+            # Read cached inside the call: once it returns, the engine may prefill the session.
+            kv_restored = await self.runner.call(
+                lambda: bool(self.engine.import_session(exp).cached)
+            )
         except BaseException:
             self.feeds.discard(sid)
             raise
         note = ""
-        if exp.has_kv and not session.cached:
+        if exp.has_kv and not kv_restored:
             note = "KV recomputed: platform differs in " + ", ".join(
                 self.engine.kv_mismatch(exp.platform)
             )
         return worker_pb2.ImportSessionResponse(
             session_id=sid,
-            kv_restored=bool(session.cached),
+            kv_restored=kv_restored,
             kv_note=note,
             generated=len(feed_tokens),
         )
@@ -307,7 +310,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     async def GetCounters(
         self, request: worker_pb2.GetWorkerCountersRequest, context: grpc.aio.ServicerContext
     ) -> fleet_pb2.WorkerCounters:
-        c = self.engine.counters()  # plain reads of ints and a tuple copy: no lock needed
+        c = await self.runner.call(self.engine.counters)  # the sample deques grow per step
         ttft = _percentiles(c.ttft_ms)
         tbt = _percentiles(c.tbt_ms)
         return fleet_pb2.WorkerCounters(

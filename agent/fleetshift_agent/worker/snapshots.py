@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from fleetshift_common.compat import CompatKey, CompatVerdict, compare
 
 from fleetshift_agent.engine import ENGINE_NAME, ENGINE_VERSION, Engine, EngineConfig
 from fleetshift_agent.engine.engine import Clock
@@ -26,6 +25,7 @@ from fleetshift_agent.engine.state import (
     restore_state,
 )
 from fleetshift_agent.snapshot import Snapshot, SnapshotIncompatible, SnapshotInfo, write_snapshot
+from fleetshift_common.compat import CompatKey, CompatVerdict, compare
 
 SPEC_KIND = "fleetshift-worker"
 

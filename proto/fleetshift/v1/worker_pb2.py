@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from fleetshift.v1 import fleet_pb2 as fleetshift_dot_v1_dot_fleet__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66leetshift/v1/worker.proto\x12\rfleetshift.v1\x1a\x19\x66leetshift/v1/fleet.proto\"_\n\x0eWorkerSampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_top_pB\x07\n\x05_seed\"\xd3\x01\n\x0fGenerateRequest\x12\x15\n\rprompt_tokens\x18\x01 \x03(\x03\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\x05\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.fleetshift.v1.WorkerSampling\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x03\x12\x19\n\x11resume_session_id\x18\x06 \x01(\t\x12\x19\n\x11resume_from_token\x18\x07 \x01(\r\"m\n\x10GenerateResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\r\n\x05index\x18\x03 \x01(\r\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\"\x14\n\x12WorkerPauseRequest\"\x15\n\x13WorkerResumeRequest\"/\n\x0eWorkerRunState\x12\x0e\n\x06paused\x18\x01 \x01(\x08\x12\r\n\x05steps\x18\x02 \x01(\x04\"9\n\x15WorkerSnapshotRequest\x12\x0b\n\x03\x64ir\x18\x01 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x02 \x01(\t\"\xa4\x01\n\x16WorkerSnapshotResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x02 \x01(\t\x12\x13\n\x0bsession_ids\x18\x03 \x03(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12\x10\n\x08pause_ms\x18\x05 \x01(\x01\x12\x10\n\x08total_ms\x18\x06 \x01(\x01\x12\x1a\n\x12\x63ompiled_artifacts\x18\x07 \x01(\x08\"$\n\x14WorkerRestoreRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"Q\n\x15WorkerRestoreResponse\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t\x12\x13\n\x0bkv_restored\x18\x02 \x03(\t\x12\x0e\n\x06\x63ompat\x18\x03 \x01(\t\"L\n\x14\x45xportSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07with_kv\x18\x02 \x01(\x08\x12\x0f\n\x07release\x18\x03 \x01(\x08\"]\n\x15\x45xportSessionResponse\x12\x0c\n\x04\x62lob\x18\x01 \x01(\x0c\x12\x13\n\x0bkv_included\x18\x02 \x01(\x08\x12\x0e\n\x06tokens\x18\x03 \x01(\r\x12\x11\n\tgenerated\x18\x04 \x01(\r\"$\n\x14ImportSessionRequest\x12\x0c\n\x04\x62lob\x18\x01 \x01(\x0c\"d\n\x15ImportSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bkv_restored\x18\x02 \x01(\x08\x12\x0f\n\x07kv_note\x18\x03 \x01(\t\x12\x11\n\tgenerated\x18\x04 \x01(\r\"*\n\x14\x43\x61ncelSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"*\n\x15\x43\x61ncelSessionResponse\x12\x11\n\tgenerated\x18\x01 \x01(\r\"\x1a\n\x18GetWorkerCountersRequest\"\x16\n\x14GetWorkerInfoRequest\"\xaf\x02\n\x0fWorkerCompatKey\x12\x13\n\x0bgpu_product\x18\x01 \x01(\t\x12\x11\n\tgpu_count\x18\x02 \x01(\r\x12\x1a\n\x12\x63ompute_capability\x18\x03 \x01(\t\x12\x16\n\x0e\x64river_version\x18\x04 \x01(\t\x12\x14\n\x0c\x63uda_version\x18\x05 \x01(\t\x12\x15\n\rtorch_version\x18\x06 \x01(\t\x12\x13\n\x0b\x65ngine_name\x18\x07 \x01(\t\x12\x16\n\x0e\x65ngine_version\x18\x08 \x01(\t\x12\x10\n\x08model_id\x18\t \x01(\t\x12\x16\n\x0eweights_digest\x18\n \x01(\t\x12\r\n\x05\x64type\x18\x0b \x01(\t\x12\x14\n\x0cquantization\x18\x0c \x01(\t\x12\x17\n\x0ftensor_parallel\x18\r \x01(\r\"\x8c\x02\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\'\n\x04role\x18\x02 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x10\n\x08model_id\x18\x03 \x01(\t\x12\x32\n\ncompat_key\x18\x04 \x01(\x0b\x32\x1e.fleetshift.v1.WorkerCompatKey\x12\x15\n\rkv_block_size\x18\x05 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x06 \x01(\r\x12\x13\n\x0bmax_running\x18\x07 \x01(\r\x12\x10\n\x08\x63ompiled\x18\x08 \x01(\x08\x12\x0e\n\x06paused\x18\t \x01(\x08\x12\x15\n\rrestored_from\x18\n \x01(\t\"?\n\x14SetWorkerRoleRequest\x12\'\n\x04role\x18\x01 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole*q\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x15\n\x11WORKER_ROLE_MIXED\x10\x03\x32\xa6\x07\n\rWorkerService\x12M\n\x08Generate\x12\x1e.fleetshift.v1.GenerateRequest\x1a\x1f.fleetshift.v1.GenerateResponse0\x01\x12I\n\x05Pause\x12!.fleetshift.v1.WorkerPauseRequest\x1a\x1d.fleetshift.v1.WorkerRunState\x12K\n\x06Resume\x12\".fleetshift.v1.WorkerResumeRequest\x1a\x1d.fleetshift.v1.WorkerRunState\x12W\n\x08Snapshot\x12$.fleetshift.v1.WorkerSnapshotRequest\x1a%.fleetshift.v1.WorkerSnapshotResponse\x12T\n\x07Restore\x12#.fleetshift.v1.WorkerRestoreRequest\x1a$.fleetshift.v1.WorkerRestoreResponse\x12Z\n\rExportSession\x12#.fleetshift.v1.ExportSessionRequest\x1a$.fleetshift.v1.ExportSessionResponse\x12Z\n\rImportSession\x12#.fleetshift.v1.ImportSessionRequest\x1a$.fleetshift.v1.ImportSessionResponse\x12Z\n\rCancelSession\x12#.fleetshift.v1.CancelSessionRequest\x1a$.fleetshift.v1.CancelSessionResponse\x12U\n\x0bGetCounters\x12\'.fleetshift.v1.GetWorkerCountersRequest\x1a\x1d.fleetshift.v1.WorkerCounters\x12I\n\x07GetInfo\x12#.fleetshift.v1.GetWorkerInfoRequest\x1a\x19.fleetshift.v1.WorkerInfo\x12I\n\x07SetRole\x12#.fleetshift.v1.SetWorkerRoleRequest\x1a\x19.fleetshift.v1.WorkerInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66leetshift/v1/worker.proto\x12\rfleetshift.v1\x1a\x19\x66leetshift/v1/fleet.proto\"_\n\x0eWorkerSampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_top_pB\x07\n\x05_seed\"\xd3\x01\n\x0fGenerateRequest\x12\x15\n\rprompt_tokens\x18\x01 \x03(\x03\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\x05\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.fleetshift.v1.WorkerSampling\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x03\x12\x19\n\x11resume_session_id\x18\x06 \x01(\t\x12\x19\n\x11resume_from_token\x18\x07 \x01(\r\"m\n\x10GenerateResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\r\n\x05index\x18\x03 \x01(\r\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\"\x14\n\x12WorkerPauseRequest\"$\n\x13WorkerResumeRequest\x12\r\n\x05steps\x18\x01 \x01(\r\"/\n\x0eWorkerRunState\x12\x0e\n\x06paused\x18\x01 \x01(\x08\x12\r\n\x05steps\x18\x02 \x01(\x04\"9\n\x15WorkerSnapshotRequest\x12\x0b\n\x03\x64ir\x18\x01 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x02 \x01(\t\"\xa4\x01\n\x16WorkerSnapshotResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x02 \x01(\t\x12\x13\n\x0bsession_ids\x18\x03 \x03(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12\x10\n\x08pause_ms\x18\x05 \x01(\x01\x12\x10\n\x08total_ms\x18\x06 \x01(\x01\x12\x1a\n\x12\x63ompiled_artifacts\x18\x07 \x01(\x08\"$\n\x14WorkerRestoreRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"Q\n\x15WorkerRestoreResponse\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t\x12\x13\n\x0bkv_restored\x18\x02 \x03(\t\x12\x0e\n\x06\x63ompat\x18\x03 \x01(\t\"L\n\x14\x45xportSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07with_kv\x18\x02 \x01(\x08\x12\x0f\n\x07release\x18\x03 \x01(\x08\"]\n\x15\x45xportSessionResponse\x12\x0c\n\x04\x62lob\x18\x01 \x01(\x0c\x12\x13\n\x0bkv_included\x18\x02 \x01(\x08\x12\x0e\n\x06tokens\x18\x03 \x01(\r\x12\x11\n\tgenerated\x18\x04 \x01(\r\"$\n\x14ImportSessionRequest\x12\x0c\n\x04\x62lob\x18\x01 \x01(\x0c\"d\n\x15ImportSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bkv_restored\x18\x02 \x01(\x08\x12\x0f\n\x07kv_note\x18\x03 \x01(\t\x12\x11\n\tgenerated\x18\x04 \x01(\r\"*\n\x14\x43\x61ncelSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"*\n\x15\x43\x61ncelSessionResponse\x12\x11\n\tgenerated\x18\x01 \x01(\r\"\x1a\n\x18GetWorkerCountersRequest\"\x16\n\x14GetWorkerInfoRequest\"\xaf\x02\n\x0fWorkerCompatKey\x12\x13\n\x0bgpu_product\x18\x01 \x01(\t\x12\x11\n\tgpu_count\x18\x02 \x01(\r\x12\x1a\n\x12\x63ompute_capability\x18\x03 \x01(\t\x12\x16\n\x0e\x64river_version\x18\x04 \x01(\t\x12\x14\n\x0c\x63uda_version\x18\x05 \x01(\t\x12\x15\n\rtorch_version\x18\x06 \x01(\t\x12\x13\n\x0b\x65ngine_name\x18\x07 \x01(\t\x12\x16\n\x0e\x65ngine_version\x18\x08 \x01(\t\x12\x10\n\x08model_id\x18\t \x01(\t\x12\x16\n\x0eweights_digest\x18\n \x01(\t\x12\r\n\x05\x64type\x18\x0b \x01(\t\x12\x14\n\x0cquantization\x18\x0c \x01(\t\x12\x17\n\x0ftensor_parallel\x18\r \x01(\r\"\x8c\x02\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\'\n\x04role\x18\x02 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x10\n\x08model_id\x18\x03 \x01(\t\x12\x32\n\ncompat_key\x18\x04 \x01(\x0b\x32\x1e.fleetshift.v1.WorkerCompatKey\x12\x15\n\rkv_block_size\x18\x05 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x06 \x01(\r\x12\x13\n\x0bmax_running\x18\x07 \x01(\r\x12\x10\n\x08\x63ompiled\x18\x08 \x01(\x08\x12\x0e\n\x06paused\x18\t \x01(\x08\x12\x15\n\rrestored_from\x18\n \x01(\t\"?\n\x14SetWorkerRoleRequest\x12\'\n\x04role\x18\x01 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole*q\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x15\n\x11WORKER_ROLE_MIXED\x10\x03\x32\xa6\x07\n\rWorkerService\x12M\n\x08Generate\x12\x1e.fleetshift.v1.GenerateRequest\x1a\x1f.fleetshift.v1.GenerateResponse0\x01\x12I\n\x05Pause\x12!.fleetshift.v1.WorkerPauseRequest\x1a\x1d.fleetshift.v1.WorkerRunState\x12K\n\x06Resume\x12\".fleetshift.v1.WorkerResumeRequest\x1a\x1d.fleetshift.v1.WorkerRunState\x12W\n\x08Snapshot\x12$.fleetshift.v1.WorkerSnapshotRequest\x1a%.fleetshift.v1.WorkerSnapshotResponse\x12T\n\x07Restore\x12#.fleetshift.v1.WorkerRestoreRequest\x1a$.fleetshift.v1.WorkerRestoreResponse\x12Z\n\rExportSession\x12#.fleetshift.v1.ExportSessionRequest\x1a$.fleetshift.v1.ExportSessionResponse\x12Z\n\rImportSession\x12#.fleetshift.v1.ImportSessionRequest\x1a$.fleetshift.v1.ImportSessionResponse\x12Z\n\rCancelSession\x12#.fleetshift.v1.CancelSessionRequest\x1a$.fleetshift.v1.CancelSessionResponse\x12U\n\x0bGetCounters\x12\'.fleetshift.v1.GetWorkerCountersRequest\x1a\x1d.fleetshift.v1.WorkerCounters\x12I\n\x07GetInfo\x12#.fleetshift.v1.GetWorkerInfoRequest\x1a\x19.fleetshift.v1.WorkerInfo\x12I\n\x07SetRole\x12#.fleetshift.v1.SetWorkerRoleRequest\x1a\x19.fleetshift.v1.WorkerInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fleetshift.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERROLE']._serialized_start=2030
-  _globals['_WORKERROLE']._serialized_end=2143
+  _globals['_WORKERROLE']._serialized_start=2045
+  _globals['_WORKERROLE']._serialized_end=2158
   _globals['_WORKERSAMPLING']._serialized_start=72
   _globals['_WORKERSAMPLING']._serialized_end=167
   _globals['_GENERATEREQUEST']._serialized_start=170
@@ -43,39 +43,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERPAUSEREQUEST']._serialized_start=494
   _globals['_WORKERPAUSEREQUEST']._serialized_end=514
   _globals['_WORKERRESUMEREQUEST']._serialized_start=516
-  _globals['_WORKERRESUMEREQUEST']._serialized_end=537
-  _globals['_WORKERRUNSTATE']._serialized_start=539
-  _globals['_WORKERRUNSTATE']._serialized_end=586
-  _globals['_WORKERSNAPSHOTREQUEST']._serialized_start=588
-  _globals['_WORKERSNAPSHOTREQUEST']._serialized_end=645
-  _globals['_WORKERSNAPSHOTRESPONSE']._serialized_start=648
-  _globals['_WORKERSNAPSHOTRESPONSE']._serialized_end=812
-  _globals['_WORKERRESTOREREQUEST']._serialized_start=814
-  _globals['_WORKERRESTOREREQUEST']._serialized_end=850
-  _globals['_WORKERRESTORERESPONSE']._serialized_start=852
-  _globals['_WORKERRESTORERESPONSE']._serialized_end=933
-  _globals['_EXPORTSESSIONREQUEST']._serialized_start=935
-  _globals['_EXPORTSESSIONREQUEST']._serialized_end=1011
-  _globals['_EXPORTSESSIONRESPONSE']._serialized_start=1013
-  _globals['_EXPORTSESSIONRESPONSE']._serialized_end=1106
-  _globals['_IMPORTSESSIONREQUEST']._serialized_start=1108
-  _globals['_IMPORTSESSIONREQUEST']._serialized_end=1144
-  _globals['_IMPORTSESSIONRESPONSE']._serialized_start=1146
-  _globals['_IMPORTSESSIONRESPONSE']._serialized_end=1246
-  _globals['_CANCELSESSIONREQUEST']._serialized_start=1248
-  _globals['_CANCELSESSIONREQUEST']._serialized_end=1290
-  _globals['_CANCELSESSIONRESPONSE']._serialized_start=1292
-  _globals['_CANCELSESSIONRESPONSE']._serialized_end=1334
-  _globals['_GETWORKERCOUNTERSREQUEST']._serialized_start=1336
-  _globals['_GETWORKERCOUNTERSREQUEST']._serialized_end=1362
-  _globals['_GETWORKERINFOREQUEST']._serialized_start=1364
-  _globals['_GETWORKERINFOREQUEST']._serialized_end=1386
-  _globals['_WORKERCOMPATKEY']._serialized_start=1389
-  _globals['_WORKERCOMPATKEY']._serialized_end=1692
-  _globals['_WORKERINFO']._serialized_start=1695
-  _globals['_WORKERINFO']._serialized_end=1963
-  _globals['_SETWORKERROLEREQUEST']._serialized_start=1965
-  _globals['_SETWORKERROLEREQUEST']._serialized_end=2028
-  _globals['_WORKERSERVICE']._serialized_start=2146
-  _globals['_WORKERSERVICE']._serialized_end=3080
+  _globals['_WORKERRESUMEREQUEST']._serialized_end=552
+  _globals['_WORKERRUNSTATE']._serialized_start=554
+  _globals['_WORKERRUNSTATE']._serialized_end=601
+  _globals['_WORKERSNAPSHOTREQUEST']._serialized_start=603
+  _globals['_WORKERSNAPSHOTREQUEST']._serialized_end=660
+  _globals['_WORKERSNAPSHOTRESPONSE']._serialized_start=663
+  _globals['_WORKERSNAPSHOTRESPONSE']._serialized_end=827
+  _globals['_WORKERRESTOREREQUEST']._serialized_start=829
+  _globals['_WORKERRESTOREREQUEST']._serialized_end=865
+  _globals['_WORKERRESTORERESPONSE']._serialized_start=867
+  _globals['_WORKERRESTORERESPONSE']._serialized_end=948
+  _globals['_EXPORTSESSIONREQUEST']._serialized_start=950
+  _globals['_EXPORTSESSIONREQUEST']._serialized_end=1026
+  _globals['_EXPORTSESSIONRESPONSE']._serialized_start=1028
+  _globals['_EXPORTSESSIONRESPONSE']._serialized_end=1121
+  _globals['_IMPORTSESSIONREQUEST']._serialized_start=1123
+  _globals['_IMPORTSESSIONREQUEST']._serialized_end=1159
+  _globals['_IMPORTSESSIONRESPONSE']._serialized_start=1161
+  _globals['_IMPORTSESSIONRESPONSE']._serialized_end=1261
+  _globals['_CANCELSESSIONREQUEST']._serialized_start=1263
+  _globals['_CANCELSESSIONREQUEST']._serialized_end=1305
+  _globals['_CANCELSESSIONRESPONSE']._serialized_start=1307
+  _globals['_CANCELSESSIONRESPONSE']._serialized_end=1349
+  _globals['_GETWORKERCOUNTERSREQUEST']._serialized_start=1351
+  _globals['_GETWORKERCOUNTERSREQUEST']._serialized_end=1377
+  _globals['_GETWORKERINFOREQUEST']._serialized_start=1379
+  _globals['_GETWORKERINFOREQUEST']._serialized_end=1401
+  _globals['_WORKERCOMPATKEY']._serialized_start=1404
+  _globals['_WORKERCOMPATKEY']._serialized_end=1707
+  _globals['_WORKERINFO']._serialized_start=1710
+  _globals['_WORKERINFO']._serialized_end=1978
+  _globals['_SETWORKERROLEREQUEST']._serialized_start=1980
+  _globals['_SETWORKERROLEREQUEST']._serialized_end=2043
+  _globals['_WORKERSERVICE']._serialized_start=2161
+  _globals['_WORKERSERVICE']._serialized_end=3095
 # @@protoc_insertion_point(module_scope)

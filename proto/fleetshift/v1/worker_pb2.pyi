@@ -66,8 +66,10 @@ class WorkerPauseRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerResumeRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("steps",)
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    def __init__(self, steps: _Optional[int] = ...) -> None: ...
 
 class WorkerRunState(_message.Message):
     __slots__ = ("paused", "steps")
