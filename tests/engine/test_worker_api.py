@@ -1,0 +1,174 @@
+"""The worker's gRPC surface: statuses that name the field, info, counters, health."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from fleetshift.v1 import worker_pb2
+from fleetshift_agent.engine.weights import weights_digest
+
+from .workers import WorkerProcess, Workers, stub, workers_in
+
+pytestmark = pytest.mark.slow
+
+OK_SAMPLING = worker_pb2.WorkerSampling(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    gen: Iterator[Workers] = workers_in(tmp_path_factory.mktemp("api-worker"))
+    workers = next(gen)
+    yield workers.start("--model-dir", str(tiny_model), "--role", "decode", "--num-blocks", "64")
+    gen.close()
+
+
+async def _generate_error(worker: WorkerProcess, req: worker_pb2.GenerateRequest) -> grpc.RpcError:
+    async with worker.channel() as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in stub(ch).Generate(req):
+                pass
+    return err.value
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (worker_pb2.GenerateRequest(max_new_tokens=4), "prompt_tokens"),
+        (worker_pb2.GenerateRequest(prompt_tokens=[1, 99999], max_new_tokens=4), "prompt_tokens"),
+        (worker_pb2.GenerateRequest(prompt_tokens=[1], max_new_tokens=0), "max_new_tokens"),
+        (
+            worker_pb2.GenerateRequest(
+                prompt_tokens=[1],
+                max_new_tokens=4,
+                sampling=worker_pb2.WorkerSampling(temperature=-0.5),
+            ),
+            "sampling.temperature",
+        ),
+        (
+            worker_pb2.GenerateRequest(
+                prompt_tokens=[1], max_new_tokens=4, sampling=worker_pb2.WorkerSampling(top_p=0.0)
+            ),
+            "sampling.top_p",
+        ),
+        (
+            worker_pb2.GenerateRequest(
+                prompt_tokens=[1], max_new_tokens=4, sampling=worker_pb2.WorkerSampling(top_p=1.01)
+            ),
+            "sampling.top_p",
+        ),
+        (worker_pb2.GenerateRequest(resume_from_token=3), "resume_from_token"),
+    ],
+    ids=[
+        "empty-prompt",
+        "token-out-of-vocab",
+        "zero-new",
+        "negative-temp",
+        "top-p-0",
+        "top-p-above-1",
+        "resume-without-id",
+    ],
+)
+async def test_bad_generate_is_invalid_argument_naming_the_field(
+    worker: WorkerProcess, request_: worker_pb2.GenerateRequest, field: str
+) -> None:
+    err = await _generate_error(worker, request_)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in err.details()
+
+
+async def test_unknown_session_is_not_found_naming_the_field(worker: WorkerProcess) -> None:
+    err = await _generate_error(worker, worker_pb2.GenerateRequest(resume_session_id="nope"))
+    assert err.code() == grpc.StatusCode.NOT_FOUND
+    assert "resume_session_id" in err.details()
+    async with worker.channel() as ch:
+        s = stub(ch)
+        with pytest.raises(grpc.aio.AioRpcError) as export_err:
+            await s.ExportSession(worker_pb2.ExportSessionRequest(session_id="nope"))
+        assert export_err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "session_id" in export_err.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as import_err:
+            await s.ImportSession(worker_pb2.ImportSessionRequest(blob=b"garbage" * 3))
+        assert import_err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "blob" in import_err.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as snap_err:
+            await s.Snapshot(worker_pb2.WorkerSnapshotRequest(snapshot_id="x"))
+        assert snap_err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "dir" in snap_err.value.details()
+
+
+async def test_info_reports_role_and_compat_key_and_role_can_change(
+    worker: WorkerProcess, tiny_model: Path
+) -> None:
+    async with worker.channel() as ch:
+        s = stub(ch)
+        info = await s.GetInfo(worker_pb2.GetWorkerInfoRequest())
+        assert info.role == worker_pb2.WORKER_ROLE_DECODE
+        assert info.compat_key.weights_digest == weights_digest(tiny_model)
+        assert info.compat_key.engine_name == "fleetshift-ref"
+        assert info.compat_key.dtype == "float32"
+        assert info.model_id == tiny_model.name
+        assert info.kv_blocks_total == 64
+        changed = await s.SetRole(
+            worker_pb2.SetWorkerRoleRequest(role=worker_pb2.WORKER_ROLE_PREFILL)
+        )
+        assert changed.role == worker_pb2.WORKER_ROLE_PREFILL
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await s.SetRole(
+                worker_pb2.SetWorkerRoleRequest(role=worker_pb2.WORKER_ROLE_UNSPECIFIED)
+            )
+        assert "role" in err.value.details()
+
+
+async def test_counters_follow_a_generation(worker: WorkerProcess) -> None:
+    async with worker.channel() as ch:
+        s = stub(ch)
+        before = await s.GetCounters(worker_pb2.GetWorkerCountersRequest())
+        req = worker_pb2.GenerateRequest(
+            prompt_tokens=list(range(20)), max_new_tokens=6, sampling=OK_SAMPLING
+        )
+        tokens = [m async for m in s.Generate(req)]
+        after = await s.GetCounters(worker_pb2.GetWorkerCountersRequest())
+    assert [m.index for m in tokens] == list(range(6))
+    assert tokens[-1].finished and tokens[-1].finish_reason == "length"
+    assert not any(m.finished for m in tokens[:-1])
+    assert after.prefill_tokens - before.prefill_tokens == 20
+    assert after.decode_tokens - before.decode_tokens == 5
+    assert after.kv_blocks_total == 64 and after.kv_blocks_used == 0
+    assert after.ttft_p50_ms > 0 and after.tbt_p99_ms >= after.tbt_p50_ms > 0
+
+
+async def test_a_client_that_leaves_frees_its_session(worker: WorkerProcess) -> None:
+    async with worker.channel() as ch:
+        s = stub(ch)
+        req = worker_pb2.GenerateRequest(
+            prompt_tokens=[5, 6], max_new_tokens=400, sampling=OK_SAMPLING, session_id="leaver"
+        )
+        call = s.Generate(req)
+        await call.read()
+        call.cancel()
+        for _ in range(200):
+            counters = await s.GetCounters(worker_pb2.GetWorkerCountersRequest())
+            if counters.live_sessions == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert counters.live_sessions == 0 and counters.kv_blocks_used == 0
+
+
+async def test_health_and_reflection_are_on(worker: WorkerProcess) -> None:
+    async with worker.channel() as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        reply = await health.Check(health_pb2.HealthCheckRequest())
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(ch)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        async for response in refl.ServerReflectionInfo(iter([request])):
+            names = {s.name for s in response.list_services_response.service}
+            break
+    assert "fleetshift.v1.WorkerService" in names
