@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from fleetshift_common.errors import InvalidArgument, NotFound
+from fleetshift_daemon.core.gpus import A100_SXM_80GB, H100_SXM, H200_SXM, L40S
+from fleetshift_daemon.core.perfmodel import ModelArch, PerfModel, llama2_70b
+from fleetshift_daemon.core.planner import (
+    ModelDemand,
+    ModelSpec,
+    NodeCapacity,
+    PlacedWorker,
+    Placement,
+    Planner,
+    SloTarget,
+    planning_input,
+)
+from fleetshift_daemon.core.routing import Role
+
+M70 = "llama2-70b"
+SLO = SloTarget(ttft_ms=2000, tbt_ms=100)
+SMALL = ModelArch("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 128)
+
+
+def h100_h200_fleet() -> list[NodeCapacity]:
+    return [NodeCapacity(f"h100-{i}", H100_SXM, 8) for i in range(2)] + [
+        NodeCapacity(f"h200-{i}", H200_SXM, 8) for i in range(2)
+    ]
+
+
+def solve(nodes, demand, models=None, current=None):  # type: ignore[no-untyped-def]
+    models = models or [ModelSpec(llama2_70b(), tp_options=(2, 4, 8))]
+    inp = planning_input(nodes, models, demand, default_slo=SLO)
+    return inp, Planner(PerfModel()).solve(inp, current)
+
+
+def roles_on(placement: Placement, kind: str) -> Counter[Role]:
+    return Counter(w.role for w in placement.workers if w.gpu_kind == kind)
+
+
+def test_decode_heavy_traffic_puts_decode_on_the_h200s() -> None:
+    _, sol = solve(h100_h200_fleet(), [ModelDemand(M70, 100.0, 200, 1500)])
+    on_h200 = roles_on(sol.placement, "H200-SXM")
+    # every H200 decodes (a mixed worker may also take the little prefill there is)
+    assert on_h200[Role.DECODE] > 0 and on_h200[Role.PREFILL] == 0
+    assert sum(w.tp for w in sol.placement.workers if w.gpu_kind == "H200-SXM") == 16
+    assert sol.status == "optimal"
+
+
+def test_prefill_heavy_traffic_puts_prefill_on_the_h100s() -> None:
+    _, sol = solve(h100_h200_fleet(), [ModelDemand(M70, 100.0, 6000, 50)])
+    on_h100 = roles_on(sol.placement, "H100-SXM")
+    assert on_h100 and set(on_h100) == {Role.PREFILL}
+    decoding = [w for w in sol.placement.workers if w.role is not Role.PREFILL]
+    assert decoding and all(w.gpu_kind == "H200-SXM" for w in decoding)
+
+
+def test_a_model_that_does_not_fit_is_not_placed_on_that_kind() -> None:
+    nodes = [NodeCapacity(f"l40s-{i}", L40S, 2) for i in range(4)]
+    nodes.append(NodeCapacity("h100-0", H100_SXM, 8))
+    models = [ModelSpec(llama2_70b(), tp_options=(1, 2)), ModelSpec(SMALL, tp_options=(1, 2))]
+    demand = [ModelDemand(M70, 50.0, 1000, 200), ModelDemand("llama3-8b", 50.0, 1000, 200)]
+    _, sol = solve(nodes, demand, models)
+    assert sol.placement.workers
+    # 138 GB of weights never fit on two 48 GB L40S; the 8B model does use them
+    assert not [w for w in sol.placement.workers if w.model == M70 and w.gpu_kind == "L40S"]
+    assert [w for w in sol.placement.workers if w.model == "llama3-8b" and w.gpu_kind == "L40S"]
+    only_l40s = nodes[:4]
+    _, none = solve(only_l40s, [ModelDemand(M70, 5.0, 1000, 200)])
+    assert none.placement.workers == () and none.evaluation.goodput_tokens_per_s == 0
+
+
+def test_light_traffic_is_served_whole_on_the_cheapest_capable_gpus() -> None:
+    nodes = [NodeCapacity("a100-0", A100_SXM_80GB, 8), NodeCapacity("h100-0", H100_SXM, 8)]
+    _, sol = solve(nodes, [ModelDemand(M70, 0.5, 1000, 200)])
+    ev = sol.evaluation
+    assert ev.goodput_tokens_per_s == pytest.approx(ev.demand_tokens_per_s)
+    assert ev.gpus_used == 2
+    assert {w.gpu_kind for w in sol.placement.workers} == {"A100-SXM-80GB"}
+
+
+def test_tp_groups_stay_inside_nodes_and_cordoned_nodes_stay_empty() -> None:
+    nodes = [NodeCapacity(f"h200-{i}", H200_SXM, 4) for i in range(3)]
+    nodes.append(NodeCapacity("h200-cordoned", H200_SXM, 8, cordoned=True))
+    _, sol = solve(nodes, [ModelDemand(M70, 100.0, 1000, 500)])
+    used: Counter[str] = Counter()
+    for w in sol.placement.workers:
+        used[w.node] += w.tp
+    assert used and "h200-cordoned" not in used
+    assert all(used[n.name] <= n.gpu_count for n in nodes)
+    assert all(w.tp <= 4 for w in sol.placement.workers)
+
+
+def test_efficiency_is_one_when_optimal_and_lower_for_a_bad_placement() -> None:
+    planner = Planner(PerfModel())
+    inp, best = solve(h100_h200_fleet(), [ModelDemand(M70, 100.0, 200, 1500)])
+    assert planner.efficiency(inp, best.placement).efficiency == pytest.approx(1.0)
+    # Same GPUs, phases swapped: H200s prefill, H100s decode.
+    bad = Placement(
+        tuple(
+            PlacedWorker(
+                M70,
+                Role.PREFILL if w.gpu_kind == "H200-SXM" else Role.DECODE,
+                w.gpu_kind,
+                w.tp,
+                w.dtype,
+                w.node,
+            )
+            for w in best.placement.workers
+        )
+    )
+    report = planner.efficiency(inp, bad)
+    assert report.efficiency < 0.8
+    assert report.current.goodput_tokens_per_s < report.best.evaluation.goodput_tokens_per_s
+    assert report.best.goodput_bound_tokens_per_s >= report.best.evaluation.goodput_tokens_per_s
+
+
+def test_existing_workers_keep_their_nodes_and_ids() -> None:
+    inp, best = solve(h100_h200_fleet(), [ModelDemand(M70, 100.0, 200, 1500)])
+    current = Placement(
+        tuple(
+            PlacedWorker(w.model, w.role, w.gpu_kind, w.tp, w.dtype, w.node, f"w{i}")
+            for i, w in enumerate(best.placement.workers)
+        )
+    )
+    again = Planner(PerfModel()).solve(inp, current)
+    assert sorted((w.worker_id, w.node) for w in again.placement.workers) == sorted(
+        (w.worker_id, w.node) for w in current.workers
+    )
+
+
+def test_input_errors_name_the_field() -> None:
+    nodes = h100_h200_fleet()
+    models = [ModelSpec(llama2_70b())]
+    with pytest.raises(NotFound) as exc:
+        planning_input(nodes, models, [ModelDemand("nope", 1.0, 10, 10)])
+    assert exc.value.field == "demand[0].model"
+    with pytest.raises(InvalidArgument) as exc2:
+        planning_input(nodes, models, [ModelDemand(M70, -1.0, 10, 10)])
+    assert exc2.value.field == "demand[0].arrival_rate_per_s"
+    with pytest.raises(InvalidArgument) as exc3:
+        planning_input(nodes, models, [], slos={M70: SloTarget(ttft_ms=0)})
+    assert exc3.value.field == f"slos[{M70}].ttft_ms"
