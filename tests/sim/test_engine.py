@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from fleetshift_daemon.core.perfmodel import Dtype, PerfModel, llama2_70b
 from fleetshift_daemon.sim.engine import SimConfig, Simulator
 from fleetshift_daemon.sim.fleet import NodeGroup, SimFleet

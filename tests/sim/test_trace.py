@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from fleetshift_daemon.sim.trace import (
     Phase,
     Shape,

@@ -1,0 +1,101 @@
+"""``fleetshift simulate`` end to end: a fleet file, a trace file, results on disk."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from fleetshift_daemon.core.errors import UnsupportedDeployment
+from fleetshift_daemon.sim.cli import main
+from fleetshift_daemon.sim.fleet import load_fleet
+
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
+AZURE = SHARED / "traces" / "azure_llm_2023_conv.csv"
+
+FLEET = """
+[model]
+preset = "llama2-70b"
+
+[slo]
+ttft_multiple = 6
+tbt_multiple = 5
+
+[[nodes]]
+gpu = "A100-SXM-80GB"
+count = 1
+gpus = 8
+tp = 4
+
+[[nodes]]
+gpu = "H200-SXM"
+count = 1
+gpus = 8
+tp = 8
+
+[gpus.H200-SXM]
+price_per_hour = 2.5
+"""
+
+
+@pytest.fixture
+def small_trace(tmp_path: Path) -> Path:
+    lines = AZURE.read_text().splitlines()[:301]
+    path = tmp_path / "head.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_simulate_writes_a_comparison(tmp_path: Path, small_trace: Path) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(FLEET)
+    out = tmp_path / "out"
+    rc = main(
+        [
+            "--fleet", str(fleet), "--trace", str(small_trace), "--policy", "rr,ll,split",
+            "--rate-scale", "2", "--time-compress", "2", "--seed", "3", "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    data = json.loads((out / "summary.json").read_text())
+    assert [p["policy"] for p in data["policies"]] == ["rr", "ll", "split"]
+    assert data["meta"]["requests"] == 600
+    for p in data["policies"]:
+        assert p["finished"] + p["dropped"] == 600
+        assert 0.0 <= p["slo_attainment"] <= 1.0
+        assert p["ttft_s"]["p50"] <= p["ttft_s"]["p99"]
+    with (out / "cdf.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["metric"] for r in rows} == {"ttft", "tbt", "e2e"}
+    for name in ("sim-goodput.png", "sim-cdf-ttft.png", "sim-cdf-tbt.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_refuses_a_malformed_trace_naming_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,10,5\n1,ten,5\n")
+    assert main(["--trace", str(bad), "--policy", "rr"]) == 2
+    err = capsys.readouterr().out
+    assert "line 3" in err and "ContextTokens" in err
+
+
+def test_fleet_file_prices_and_instances(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET)
+    fleet = load_fleet(path)
+    assert [g.tp for g in fleet.groups] == [4, 8]
+    assert len(fleet.instance_slots()) == 3
+    assert fleet.catalogue.get("H200-SXM").price_per_hour == 2.5
+    assert fleet.price_per_hour() == pytest.approx(8 * 1.80 + 8 * 2.5)
+
+
+def test_fleet_file_that_cannot_hold_the_model_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text('[[nodes]]\ngpu = "A100-SXM-80GB"\ngpus = 8\ntp = 1\n')
+    with pytest.raises(UnsupportedDeployment) as err:
+        load_fleet(path)
+    assert "does not fit" in str(err.value)
