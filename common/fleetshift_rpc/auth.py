@@ -48,6 +48,7 @@ class Access(enum.Enum):
     FLEET_READ = "fleet-read"  # reading an agent's or a worker's state
     OPERATOR_READ = "operator-read"  # reading the fleet
     OPERATOR_WRITE = "operator-write"  # changing the fleet
+    ROUTE = "route"  # the request router's hot path: authenticated, not rate-limited
 
 
 _K = PrincipalKind
@@ -59,6 +60,7 @@ ALLOWED: Mapping[Access, frozenset[PrincipalKind]] = types.MappingProxyType(
         Access.FLEET_READ: frozenset({_K.NODE, _K.DAEMON, _K.OPERATOR}),
         Access.OPERATOR_READ: frozenset({_K.OPERATOR, _K.DAEMON}),
         Access.OPERATOR_WRITE: frozenset({_K.OPERATOR}),
+        Access.ROUTE: frozenset({_K.ROUTER, _K.OPERATOR}),
     }
 )
 READ_ONLY = frozenset({Access.FLEET_READ, Access.OPERATOR_READ})
@@ -76,7 +78,8 @@ METHOD_ACCESS: Mapping[str, Access] = types.MappingProxyType(
         "/fleetshift.v1.FleetOperator/CordonNode": _A.OPERATOR_WRITE,
         "/fleetshift.v1.FleetOperator/UncordonNode": _A.OPERATOR_WRITE,
         # every other FleetOperator method (Rebalance, Drain, MoveWorker ...) falls to the
-        # default, OPERATOR_WRITE; list read-only ones here explicitly.
+        # default, OPERATOR_WRITE; list read-only ones here explicitly. Route, once it exists,
+        # gets Access.ROUTE: "/fleetshift.v1.<Service>/Route".
         "/fleetshift.v1.AgentService/GetAgentInfo": _A.FLEET_READ,
         "/fleetshift.v1.SnapshotService/ListSnapshots": _A.FLEET_READ,
         "/fleetshift.v1.SnapshotService/GetSnapshot": _A.FLEET_READ,
@@ -96,6 +99,9 @@ class AuthPolicy:
     trust_plaintext_loopback: bool = True  # plaintext loopback callers: development, trusted
     method_access: Mapping[str, Access] = field(default_factory=lambda: METHOD_ACCESS)
     default_access: Access = Access.OPERATOR_WRITE
+    # Per-caller limits protect the fleet from one runaway client; the router legitimately
+    # calls Route thousands of times a second, so its class is exempt.
+    unlimited: frozenset[Access] = frozenset({Access.ROUTE})
 
     def access_for(self, method: str) -> Access:
         exact = self.method_access.get(method)
@@ -167,17 +173,26 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return Principal(PrincipalKind.OPERATOR, operator, "token", principal.peer), False
 
     def decide(self, method: str, principal: Principal, bad_token: bool) -> Refusal | None:
-        if self._limiter is not None:
-            key = principal.label if principal.name else f"addr:{peer_host(principal.peer)}"
-            decision = self._limiter.check(key)
-            if not decision.allowed:
-                ms = decision.retry_after_ms
-                return Refusal(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"rate limit for {key} exceeded; retry in {ms} ms",
-                    ((RETRY_AFTER_KEY, str(ms)),),
-                )
         access = self._policy.access_for(method)
+        refusal = self._authorize(method, access, principal, bad_token)
+        # Refused calls always count against the caller (token guessing is a flood too);
+        # only authorized calls of an unlimited class skip the bucket.
+        if self._limiter is None or (refusal is None and access in self._policy.unlimited):
+            return refusal
+        key = _limit_key(principal)
+        decision = self._limiter.check(key)
+        if not decision.allowed:
+            ms = decision.retry_after_ms
+            return Refusal(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"rate limit for {key} exceeded; retry in {ms} ms",
+                ((RETRY_AFTER_KEY, str(ms)),),
+            )
+        return refusal
+
+    def _authorize(
+        self, method: str, access: Access, principal: Principal, bad_token: bool
+    ) -> Refusal | None:
         if access is Access.PUBLIC:
             return None
         if bad_token:
@@ -240,6 +255,16 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 reset_principal(token)
 
         return unary
+
+
+def _limit_key(principal: Principal) -> str:
+    """Who a bucket belongs to: the authenticated name; an anonymous caller's address; for
+    loopback development each connection (a whole local fleet shares one address)."""
+    if principal.name:
+        return principal.label
+    if principal.kind is PrincipalKind.LOOPBACK_DEV:
+        return f"conn:{principal.peer}"
+    return f"addr:{peer_host(principal.peer)}"
 
 
 def _handler_kind(handler: grpc.RpcMethodHandler) -> str:

@@ -32,7 +32,8 @@ from fleetshift_common.errors import AlreadyExists, InvalidArgument, NotFound
 from fleetshift_rpc.security import hash_token
 
 URI_SCHEME = "fleetshift"
-KINDS = ("node", "operator", "daemon")
+KINDS = ("node", "operator", "daemon", "router")
+CLIENT_ONLY = ("operator", "router")
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
 DEFAULT_CA_DAYS = 365
@@ -171,7 +172,7 @@ def issue(
 
     Node and daemon certificates are usable both as TLS client and server (an agent serves
     AgentService; the daemon dials agents), so they carry both extended key usages and the
-    ``san_ips``/``san_dns`` the peer dials. Operator certificates are client-only.
+    ``san_ips``/``san_dns`` the peer dials. Operator and router certificates are client-only.
     """
     if kind not in KINDS:
         raise PkiError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}", field="kind")
@@ -187,7 +188,7 @@ def issue(
         raise PkiError(f"san_ip: {err}", field="san_ip") from None
     alt_names += [x509.DNSName(d) for d in san_dns]
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
-    if kind != "operator":
+    if kind not in CLIENT_ONLY:
         usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
@@ -264,13 +265,14 @@ def _parser() -> argparse.ArgumentParser:
         ("issue-node", "node"),
         ("issue-server", "daemon"),
         ("issue-operator", "operator"),
+        ("issue-router", "router"),
     ):
         leaf = sub.add_parser(command, help=f"issue a {kind} certificate signed by DIR's CA")
         leaf.add_argument("dir")
         leaf.add_argument("name")
         leaf.add_argument("--days", type=int, default=DEFAULT_LEAF_DAYS)
         leaf.set_defaults(kind=kind)
-        if kind != "operator":
+        if kind not in CLIENT_ONLY:
             leaf.add_argument("--san-ip", action="append", default=[], metavar="IP")
             leaf.add_argument("--san-dns", action="append", default=[], metavar="NAME")
     token = sub.add_parser("new-token", help="create an operator bearer token (printed once)")

@@ -40,6 +40,7 @@ class PrincipalKind(enum.Enum):
     NODE = "node"  # an agent, by its node certificate
     OPERATOR = "operator"  # a person or tool, by operator certificate or bearer token
     DAEMON = "daemon"  # the central daemon dialling agents, by its server certificate
+    ROUTER = "router"  # the fleet's request router calling Route, by its certificate
     ANONYMOUS = "anonymous"  # no identity (TLS without client certificate, no token)
     LOOPBACK_DEV = "loopback-dev"  # plaintext on loopback: development, trusted fully
 
@@ -56,7 +57,12 @@ class Principal:
         return f"{self.kind.value}:{self.name}" if self.name else self.kind.value
 
 
-CERTIFICATE_KINDS = (PrincipalKind.NODE, PrincipalKind.OPERATOR, PrincipalKind.DAEMON)
+CERTIFICATE_KINDS = (
+    PrincipalKind.NODE,
+    PrincipalKind.OPERATOR,
+    PrincipalKind.DAEMON,
+    PrincipalKind.ROUTER,
+)
 
 _principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "fleetshift_principal", default=None
@@ -286,6 +292,26 @@ class TlsFiles:
                 f"{got_kind.value}:{got_name or '?'}, expected {kind.value}:{name}",
                 field=key,
             )
+
+
+def client_credentials(
+    ca: str, cert: str = "", key: str = "", token: str = ""
+) -> grpc.ChannelCredentials:
+    """What an operator tool dials with: the fleet CA, optionally its own certificate (for the
+    mTLS port) and optionally a bearer token, sent as ``authorization: Bearer`` on every call
+    (gRPC only sends call credentials over TLS, never in plaintext)."""
+    if bool(cert) != bool(key):
+        raise ConfigError(
+            "a client certificate needs its key (and the other way round)", field="key"
+        )
+    creds = grpc.ssl_channel_credentials(
+        Path(ca).read_bytes(),
+        private_key=Path(key).read_bytes() if key else None,
+        certificate_chain=Path(cert).read_bytes() if cert else None,
+    )
+    if token:
+        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+    return creds
 
 
 def check_plaintext_allowed(listen: str, key: str = "listen") -> None:

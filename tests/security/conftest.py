@@ -23,7 +23,13 @@ from fleetshift_rpc import pki
 from fleetshift_rpc.auth import AuthInterceptor, AuthPolicy
 from fleetshift_rpc.errors import rpc_errors
 from fleetshift_rpc.ratelimit import RateLimit, RateLimiter
-from fleetshift_rpc.security import OperatorTokens, TlsFiles, hash_token, require_node_identity
+from fleetshift_rpc.security import (
+    OperatorTokens,
+    TlsFiles,
+    client_credentials,
+    hash_token,
+    require_node_identity,
+)
 from fleetshift_rpc.server import RunningServer, ServiceBinding, start_server
 
 MAX_MESSAGE = 64 * 1024
@@ -39,12 +45,6 @@ class Certs:
     operator: pki.IssuedPair
     foreign_ca: Path
     foreign_node_a: pki.IssuedPair  # claims node-a, signed by another CA
-
-    def credentials(self, pair: pki.IssuedPair | None) -> grpc.ChannelCredentials:
-        ca = self.ca.read_bytes()
-        if pair is None:
-            return grpc.ssl_channel_credentials(ca)
-        return grpc.ssl_channel_credentials(ca, pair.key.read_bytes(), pair.cert.read_bytes())
 
 
 @pytest.fixture(scope="session")
@@ -104,11 +104,12 @@ class SecureFleet:
     ) -> grpc.aio.Channel:
         """A client as an agent or operator would build it: the fleet CA, its own certificate
         (if any), and a bearer token sent as call credentials (if any)."""
-        creds = self.certs.credentials(pair)
-        if token is not None:
-            creds = grpc.composite_channel_credentials(
-                creds, grpc.access_token_call_credentials(token)
-            )
+        creds = client_credentials(
+            str(self.certs.ca),
+            str(pair.cert) if pair else "",
+            str(pair.key) if pair else "",
+            token or "",
+        )
         port = self.mtls.port if mtls else self.tls.port
         return grpc.aio.secure_channel(f"127.0.0.1:{port}", creds)
 
