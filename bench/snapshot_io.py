@@ -13,9 +13,11 @@ Each phase runs in a fresh child process so its peak RSS (VmHWM) is its own:
 * restore: before each read the page cache of the files is dropped
   (``posix_fadvise(DONTNEED)``), then alternately (a) the files are read sequentially into a
   freshly allocated buffer of their size (the plain way to get the bytes into memory), and (b)
-  ``load_tensors`` restores every group (SHA-256 verified while reading). The figure for
-  ``verify()`` followed by ``load_tensors`` is printed too, and so is a read through one reused
-  8 MiB buffer (the disk alone, no memory to fill) for reference.
+  ``load_tensors`` restores every group: ``load`` (default: each shard mapped copy-on-write
+  and SHA-256-checked through the mapping), ``load-copy`` (``copy=True``: read into private
+  memory, hashed while reading) and ``verify+load`` (``verify()`` first, then ``load``). A
+  read through one reused 8 MiB buffer (the disk alone, no memory to fill) is printed for
+  reference, and so is the CPU time of each phase.
 
 Usage: python bench/snapshot_io.py [--dir DIR] [--gib 1.2] [--repeats 3]
 """
@@ -25,16 +27,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 CHUNK = 8 << 20
+T = TypeVar("T")
 
 
 def _status_kib(field: str) -> int:
@@ -65,7 +70,8 @@ def _key() -> Any:
 
 
 def _tensors(total_bytes: int) -> dict[str, dict[str, Any]]:
-    """~2/3 weights-like bf16 matrices (4096x4096 = 32 MiB each), ~1/3 a bf16 KV block pool."""
+    """~2/3 weights-like bf16 matrices (4096x4096 = 32 MiB each), ~1/3 a bf16 paged KV block
+    pool (one tensor per layer, 16 layers)."""
     import torch
 
     g = torch.Generator().manual_seed(0)
@@ -76,8 +82,14 @@ def _tensors(total_bytes: int) -> dict[str, dict[str, Any]]:
             -1, 1, generator=g
         )
     kv_bytes = total_bytes - n_mats * 4096 * 4096 * 2
-    blocks = max(1, kv_bytes // (2 * 16 * 8 * 128 * 2))  # (k/v, block 16, 8 heads, dim 128)
-    kv = {"pool": torch.empty(blocks, 2, 16, 8, 128, dtype=torch.bfloat16).uniform_(generator=g)}
+    layers = 16
+    blocks = max(1, kv_bytes // layers // (2 * 16 * 8 * 128 * 2))  # k/v, 16 tokens, 8 heads, 128
+    kv = {
+        f"layers.{i}.kv": torch.empty(blocks, 2, 16, 8, 128, dtype=torch.bfloat16).uniform_(
+            generator=g
+        )
+        for i in range(layers)
+    }
     return {"weights": weights, "kv": kv}
 
 
@@ -134,63 +146,79 @@ def _plain_read(paths: list[Path], into_memory: bool) -> int:
     return total
 
 
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _timed(res: dict[str, Any], label: str, fn: Callable[[], T]) -> T:
+    """Run ``fn``, appending its wall seconds to ``res[label]`` and CPU seconds (all threads)
+    to ``res[label + '_cpu']``."""
+    c0, t0 = _cpu_s(), time.perf_counter()
+    out = fn()
+    res.setdefault(label, []).append(time.perf_counter() - t0)
+    res.setdefault(label + "_cpu", []).append(_cpu_s() - c0)
+    return out
+
+
 def child_write(workdir: Path, total_bytes: int, repeats: int) -> dict[str, Any]:
     import torch
+
     from fleetshift_agent.snapshot import write_snapshot
 
     torch.set_num_threads(1)
     groups = _tensors(total_bytes)
     nbytes = sum(t.numel() * t.element_size() for g in groups.values() for t in g.values())
     rss0 = _status_kib("VmRSS")
-    res: dict[str, Any] = {"tensor_bytes": nbytes, "plain_s": [], "snapshot_s": []}
+    res: dict[str, Any] = {"tensor_bytes": nbytes, "rss_before_kib": rss0}
     for i in range(repeats):
         plain = workdir / f"plain-{i}"
-        t0 = time.perf_counter()
-        _plain_write(groups, plain)
-        res["plain_s"].append(time.perf_counter() - t0)
+        _timed(res, "plain_s", lambda p=plain: _plain_write(groups, p))  # type: ignore[misc]
         shutil.rmtree(plain)
-        sid = f"snap-{i}"
-        t0 = time.perf_counter()
-        info = write_snapshot(
-            workdir, sid, key=_key(), spec={}, tensor_groups=groups, json_parts={"s": []}
+        info = _timed(
+            res,
+            "snapshot_s",
+            lambda i=i: write_snapshot(  # type: ignore[misc]
+                workdir, f"snap-{i}", key=_key(), spec={}, tensor_groups=groups, json_parts={}
+            ),
         )
-        res["snapshot_s"].append(time.perf_counter() - t0)
         if i == 0:
             res["snapshot_peak_extra_kib"] = _status_kib("VmHWM") - rss0
             res["snapshot_bytes"] = info.size_bytes
+            res["snapshot_files"] = sum(1 for p in info.path.rglob("*") if p.is_file())
             res["snapshot_path"] = str(info.path)
         else:
             shutil.rmtree(info.path)
-    res["rss_before_kib"] = rss0
     return res
 
 
 def child_restore(snapshot: Path, repeats: int, mode: str) -> dict[str, Any]:
     import torch
+
     from fleetshift_agent.snapshot import open_snapshot
 
     torch.set_num_threads(1)
     files = sorted(p for p in snapshot.rglob("*") if p.is_file())
     rss0 = _status_kib("VmRSS")
-    res: dict[str, Any] = {"plain_s": [], "disk_s": [], "restore_s": []}
-    for i in range(repeats):
-        _drop_cache(files)
-        t0 = time.perf_counter()
-        _plain_read(files, into_memory=False)
-        res["disk_s"].append(time.perf_counter() - t0)
-        _drop_cache(files)
-        t0 = time.perf_counter()
-        res["read_bytes"] = _plain_read(files, into_memory=True)
-        res["plain_s"].append(time.perf_counter() - t0)
-        _drop_cache(files)
-        t0 = time.perf_counter()
+    res: dict[str, Any] = {}
+
+    def restore() -> list[dict[str, Any]]:
         snap = open_snapshot(snapshot)
         if mode == "verify+load":
             snap.verify()
-        loaded = [snap.load_tensors(g) for g in snap.tensor_groups]
+        copy = mode == "load-copy"
+        loaded = [snap.load_tensors(g, copy=copy) for g in snap.tensor_groups]
         for part in snap.json_parts:
             snap.load_json(part)
-        res["restore_s"].append(time.perf_counter() - t0)
+        return loaded
+
+    for i in range(repeats):
+        _drop_cache(files)
+        _timed(res, "disk_s", lambda: _plain_read(files, into_memory=False))
+        _drop_cache(files)
+        res["read_bytes"] = _timed(res, "plain_s", lambda: _plain_read(files, into_memory=True))
+        _drop_cache(files)
+        loaded = _timed(res, "restore_s", restore)
         if i == 0:
             res["restore_peak_extra_kib"] = _status_kib("VmHWM") - rss0
             res["restored_tensor_bytes"] = sum(
@@ -240,42 +268,50 @@ def main() -> None:
 def report(workdir: Path, total: int, repeats: int) -> None:
     w = _run_child("write", str(workdir), str(total), str(repeats))
     nbytes = w["tensor_bytes"]
-    snap_bytes = w["snapshot_bytes"]
-    print(f"tensors: {nbytes / 2**30:.3f} GiB; snapshot on disk {snap_bytes / 2**30:.3f} GiB")
-    print(f"directory: {workdir} ({repeats} alternating repeats; median figures)")
-    plain_w = statistics.median(w["plain_s"])
-    snap_w = statistics.median(w["snapshot_s"])
     print(
-        f"write   plain copy {_mbps(nbytes, plain_w):8.1f} MB/s | snapshot "
-        f"{_mbps(nbytes, snap_w):8.1f} MB/s | ratio {plain_w / snap_w:.2f} (target >= 0.80)"
+        f"tensors: {nbytes / 2**30:.3f} GiB; snapshot on disk {w['snapshot_bytes'] / 2**30:.3f} "
+        f"GiB in {w['snapshot_files']} files; {os.cpu_count()} CPUs; load average "
+        f"{os.getloadavg()[0]:.2f}"
     )
-    print(f"        each run plain s {_fmt(w['plain_s'])} | snapshot s {_fmt(w['snapshot_s'])}")
-    for mode in ("load", "verify+load"):
+    print(f"directory: {workdir} ({repeats} alternating repeats; medians)")
+    _line("write", "plain copy+fsync", "snapshot", nbytes, w["plain_s"], w["snapshot_s"])
+    _cpu_line(w, "plain_s", "snapshot_s")
+    extra_w = w["snapshot_peak_extra_kib"] * 1024
+    print(
+        f"        peak RSS growth while writing: {extra_w / 2**20:.1f} MiB = "
+        f"{extra_w / nbytes:.3f}x the tensors (RSS before, tensors included: "
+        f"{w['rss_before_kib'] / 2**20:.2f} GiB)"
+    )
+    for mode in ("load", "load-copy", "verify+load"):
         r = _run_child("restore", w["snapshot_path"], str(repeats), mode)
-        plain_r = statistics.median(r["plain_s"])
-        rest_r = statistics.median(r["restore_s"])
-        print(
-            f"restore plain read {_mbps(r['read_bytes'], plain_r):8.1f} MB/s | {mode:11s} "
-            f"{_mbps(r['read_bytes'], rest_r):8.1f} MB/s | ratio {plain_r / rest_r:.2f} "
-            f"(target >= 0.80)"
-        )
-        print(f"        each run plain s {_fmt(r['plain_s'])} | {mode} s {_fmt(r['restore_s'])}")
-        disk_r = statistics.median(r["disk_s"])
-        print(
-            f"        (disk alone, read through a reused 8 MiB buffer: "
-            f"{_mbps(r['read_bytes'], disk_r):.1f} MB/s; {mode} / that = {disk_r / rest_r:.2f})"
-        )
         assert r["restored_tensor_bytes"] == nbytes
+        _line("restore", "plain read", mode, r["read_bytes"], r["plain_s"], r["restore_s"])
+        _cpu_line(r, "plain_s", "restore_s")
+        disk = statistics.median(r["disk_s"])
+        print(
+            f"        disk alone (reused 8 MiB buffer): {_mbps(r['read_bytes'], disk):.1f} MB/s; "
+            f"{mode} / that = {disk / statistics.median(r['restore_s']):.2f}"
+        )
         extra = r["restore_peak_extra_kib"] * 1024
         print(
             f"        peak RSS growth during {mode}: {extra / 2**30:.3f} GiB = "
             f"{extra / nbytes:.2f}x the tensors (the restored tensors themselves are 1.00x)"
         )
-    extra_w = w["snapshot_peak_extra_kib"] * 1024
+
+
+def _line(what: str, base: str, mine: str, nbytes: int, base_s: list[float], mine_s: list[float]):
+    b, m = statistics.median(base_s), statistics.median(mine_s)
     print(
-        f"peak RSS growth during snapshot write: {extra_w / 2**20:.1f} MiB = "
-        f"{extra_w / nbytes:.3f}x the tensors (process RSS before: "
-        f"{w['rss_before_kib'] / 2**20:.2f} GiB)"
+        f"{what:7s} {base} {_mbps(nbytes, b):7.1f} MB/s | {mine} {_mbps(nbytes, m):7.1f} MB/s "
+        f"| ratio {b / m:.2f} (target >= 0.80)"
+    )
+    print(f"        each run: {base} s {_fmt(base_s)} | {mine} s {_fmt(mine_s)}")
+
+
+def _cpu_line(res: dict[str, Any], base: str, mine: str) -> None:
+    print(
+        f"        CPU s (all threads): baseline {_fmt(res[base + '_cpu'])} | "
+        f"{_fmt(res[mine + '_cpu'])}"
     )
 
 

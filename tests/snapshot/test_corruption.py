@@ -83,8 +83,9 @@ def test_truncated_file(snap: Path) -> None:
     size = (snap / WEIGHTS).stat().st_size
     os.truncate(snap / WEIGHTS, size - 100)
     refused(snap, WEIGHTS, "truncated")
-    with pytest.raises(SnapshotCorrupt, match="truncated"):
-        open_snapshot(snap).load_tensors("weights")
+    for copy in (False, True):
+        with pytest.raises(SnapshotCorrupt, match="truncated"):
+            open_snapshot(snap).load_tensors("weights", copy=copy)
 
 
 def test_flipped_byte_is_caught_by_verify_and_by_load(snap: Path) -> None:
@@ -92,9 +93,10 @@ def test_flipped_byte_is_caught_by_verify_and_by_load(snap: Path) -> None:
     data[len(data) - 7] ^= 0x01
     (snap / WEIGHTS).write_bytes(data)
     refused(snap, WEIGHTS, "SHA-256 mismatch")
-    with pytest.raises(SnapshotCorrupt, match="SHA-256 mismatch") as exc_info:
-        open_snapshot(snap).load_tensors("weights")
-    assert exc_info.value.file == WEIGHTS
+    for copy in (False, True):
+        with pytest.raises(SnapshotCorrupt, match="SHA-256 mismatch") as exc_info:
+            open_snapshot(snap).load_tensors("weights", copy=copy)
+        assert exc_info.value.file == WEIGHTS
 
 
 def test_flipped_byte_in_json_part(snap: Path) -> None:
@@ -240,8 +242,9 @@ def test_lying_safetensors_header_is_refused(
 ) -> None:
     replace_consistently(snap, WEIGHTS, _safetensors(header, data))
     refused(snap, WEIGHTS, words, UnsafeTensorFile)
-    with pytest.raises(UnsafeTensorFile, match=words):
-        open_snapshot(snap).load_tensors("weights")
+    for copy in (False, True):
+        with pytest.raises(UnsafeTensorFile, match=words):
+            open_snapshot(snap).load_tensors("weights", copy=copy)
 
 
 def test_absurd_header_length_is_refused(snap: Path) -> None:

@@ -24,7 +24,8 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a_bytes, b_bytes)
 
 
-def test_round_trip_is_bitwise_and_verifies(tmp_path: Path, write_sample) -> None:
+@pytest.mark.parametrize("copy", [False, True], ids=["mapped", "copied"])
+def test_round_trip_is_bitwise_and_verifies(tmp_path: Path, write_sample, copy: bool) -> None:
     info = write_sample("snap-1", clock=lambda: 1_700_000_000.5)
     assert info.path == tmp_path / "snap-1"
     assert info.created_at == 1_700_000_000.5
@@ -38,7 +39,7 @@ def test_round_trip_is_bitwise_and_verifies(tmp_path: Path, write_sample) -> Non
     assert snap.tensor_groups == ["kv", "weights"]
     expected = sample_tensors()
     for group, tensors in expected.items():
-        loaded = snap.load_tensors(group)
+        loaded = snap.load_tensors(group, copy=copy)
         assert set(loaded) == set(tensors)
         for name, t in tensors.items():
             assert _bitwise_equal(loaded[name], t), (group, name)
@@ -73,12 +74,17 @@ def test_nan_and_special_values_survive(write_sample) -> None:
     assert _bitwise_equal(loaded["y"], special.to(torch.bfloat16))
 
 
-def test_loaded_tensors_are_usable_and_independent_of_the_file(write_sample) -> None:
+@pytest.mark.parametrize("copy", [False, True], ids=["mapped", "copied"])
+def test_loaded_tensors_are_writable_and_never_change_the_file(write_sample, copy: bool) -> None:
     info = write_sample()
-    loaded = open_snapshot(info.path).load_tensors("weights")
+    snap = open_snapshot(info.path)
+    loaded = snap.load_tensors("weights", copy=copy)
     loaded["norm"].add_(1.0)  # writable, in memory only
-    again = open_snapshot(info.path).load_tensors("weights")
+    loaded["embed"].zero_()
+    snap.verify()
+    again = snap.load_tensors("weights")
     assert _bitwise_equal(again["norm"], sample_tensors()["weights"]["norm"])
+    assert _bitwise_equal(again["embed"], sample_tensors()["weights"]["embed"])
 
 
 def test_existing_snapshot_is_never_replaced(write_sample) -> None:

@@ -10,11 +10,14 @@ straight from/into the caller's buffers, so no extra copy of a tensor is made.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 CHUNK = 8 << 20
 _INLINE = 1 << 20  # below this, hashing on the calling thread is cheaper than a hand-off
@@ -162,6 +165,35 @@ def hash_verified(path: Path, expected_size: int, expected_sha: str) -> None:
     finally:
         os.close(fd)
     _check_digest(sha, expected_sha)
+
+
+def _hash_mapping(view: memoryview, expected_sha: str) -> None:
+    sha = hashlib.sha256()
+    for start in range(0, len(view), CHUNK):
+        sha.update(view[start : start + CHUNK])
+    _check_digest(sha, expected_sha)
+
+
+def map_verified(path: Path, expected_size: int, expected_sha: str) -> np.ndarray:
+    """Map the file copy-on-write, hash it through the mapping, return it as a uint8 array.
+
+    The bytes are not copied into anonymous memory: pages come from the page cache (the
+    kernel reads ahead while the hash runs), and writing to the returned array (or to
+    tensors viewing it) copies only the touched pages, never the file. The caller must keep
+    snapshot files immutable while mapped (the store never rewrites or truncates them).
+    """
+    fd = _open_checked(path, expected_size)
+    try:
+        if expected_size == 0:
+            _check_digest(hashlib.sha256(), expected_sha)
+            return np.empty(0, dtype=np.uint8)
+        mapping = mmap.mmap(fd, expected_size, access=mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
+    mapping.madvise(mmap.MADV_WILLNEED)
+    array = np.frombuffer(mapping, dtype=np.uint8)
+    _hash_mapping(memoryview(array), expected_sha)
+    return array
 
 
 def read_small_verified(path: Path, expected_size: int, expected_sha: str) -> bytes:

@@ -30,6 +30,7 @@ from fleetshift_agent.snapshot.errors import (
 from fleetshift_agent.snapshot.fileio import (
     FileProblem,
     hash_verified,
+    map_verified,
     read_small_verified,
     read_verified,
 )
@@ -177,30 +178,49 @@ class Snapshot:
             raise SnapshotPartNotFound(self.snapshot_id, part)
         return entry
 
-    def load_tensors(self, group: str, device: str = "cpu") -> dict[str, torch.Tensor]:
-        """The group's tensors, from bytes verified against the manifest while being read.
+    def load_tensors(
+        self, group: str, device: str = "cpu", *, copy: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """The group's tensors, from bytes whose SHA-256 was checked before any tensor exists.
 
-        Shards are read and hashed in parallel. CPU tensors are views of one buffer per
-        shard, the size of the file (no second copy).
+        Shards are hashed in parallel. By default each shard file is mapped copy-on-write and
+        hashed through the mapping: CPU tensors are views of the page cache (pages written
+        to are copied privately, the file never changes) and moving them to a GPU copies
+        straight from it, so restore holds no second copy of the model. ``copy=True`` reads
+        each shard into private memory instead (hashing while reading), for callers that
+        need the tensors to stay valid whatever later happens to the files.
         """
         names = self.manifest.tensor_files(check_name("tensor group", group))
         if not names:
             raise SnapshotPartNotFound(self.snapshot_id, f"tensor group {group!r}")
         out: dict[str, torch.Tensor] = {}
-        for name, tensors in zip(names, _parallel(self._load_file, names), strict=True):
+        loader = self._read_file if copy else self._map_file
+        for name, tensors in zip(names, _parallel(loader, names), strict=True):
             clash = out.keys() & tensors.keys()
             if clash:
                 raise self._corrupt(name, f"repeats tensor(s) of another shard: {sorted(clash)}")
             out.update(tensors)
         return {k: v if device == "cpu" else v.to(device) for k, v in out.items()}
 
-    def _load_file(self, name: str) -> dict[str, torch.Tensor]:
+    def _read_file(self, name: str) -> dict[str, torch.Tensor]:
         entry = self.manifest.files[name]
         buffer = np.empty(entry.size, dtype=np.uint8)
         try:
             read_verified(self.path / name, entry.size, entry.sha256, memoryview(buffer))
         except FileProblem as exc:
             raise self._corrupt(name, exc.problem) from None
+        return self._tensors_of(name, buffer)
+
+    def _map_file(self, name: str) -> dict[str, torch.Tensor]:
+        entry = self.manifest.files[name]
+        try:
+            buffer = map_verified(self.path / name, entry.size, entry.sha256)
+        except FileProblem as exc:
+            raise self._corrupt(name, exc.problem) from None
+        return self._tensors_of(name, buffer)
+
+    def _tensors_of(self, name: str, buffer: np.ndarray) -> dict[str, torch.Tensor]:
+        entry = self.manifest.files[name]
         try:
             start, entries = tensorfile.parse_header(_head(buffer), entry.size)
         except tensorfile.TensorFileError as exc:
