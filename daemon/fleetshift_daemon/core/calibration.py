@@ -29,9 +29,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
-from fleetshift_common.errors import InvalidArgument
 from scipy.optimize import least_squares  # type: ignore[import-untyped]
 
+from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.core.corrections import Phase
 from fleetshift_daemon.core.gpus import A100_SXM_80GB, H100_SXM, H100_SXM_PCAP70, GpuKind
 from fleetshift_daemon.core.perf_factors import EfficiencyFactors, KindFactors
@@ -51,14 +51,17 @@ _CAPPED = {"H100-SXM-PCAP70": "H100-SXM"}
 
 # name, lower bound, upper bound, initial value
 _PARAMS: tuple[tuple[str, float, float, float], ...] = (
-    ("compute_eff", 0.05, 1.0, 0.5),
+    ("compute_eff", 0.05, 0.8, 0.5),  # the file has no TP=1: cap MFU at a plausible 80 %
     ("tp_scaling", 0.0, 1.0, 0.2),
     ("bw_eff", 0.2, 1.0, 0.7),
     ("comm_eff", 0.005, 1.0, 0.3),
     ("allreduce_latency_s", 0.0, 5e-4, 3e-5),
     ("prefill_overhead_s", 0.0, 0.2, 0.01),
     ("decode_overhead_s", 0.0, 0.2, 0.005),
+    ("knee_slowdown", 0.0, 2.0, 0.3),
 )
+# The knee is a kink: least squares cannot move it, so it is chosen from a grid.
+KNEE_GRID: tuple[float, ...] = (1024.0, 1536.0, 2048.0, 3072.0, 4096.0, 6144.0)
 
 
 @dataclass(frozen=True)
@@ -113,14 +116,30 @@ def predict(model: PerfModel, arch: ModelArch, m: Measurement) -> float:
     return model.decode_step_time_s(dep, m.batch_size, ctx)
 
 
-def _factors_from_vector(x: Sequence[float], cap: float | None) -> KindFactors:
+def _factors_from_vector(x: Sequence[float], cap: float | None, knee: float) -> KindFactors:
     values = {name: float(v) for (name, *_), v in zip(_PARAMS, x, strict=True)}
-    return KindFactors(**values, compute_scale=1.0 if cap is None else cap)
+    return KindFactors(**values, compute_scale=1.0 if cap is None else cap, knee_tokens=knee)
 
 
 def fit_group(
     group: str, members: tuple[str, ...], data: Sequence[Measurement], arch: ModelArch
 ) -> dict[str, KindFactors]:
+    best: tuple[float, dict[str, KindFactors]] | None = None
+    for knee in KNEE_GRID:
+        cost, factors = _fit_group_at(group, members, data, arch, knee)
+        if best is None or cost < best[0]:
+            best = (cost, factors)
+    assert best is not None
+    return best[1]
+
+
+def _fit_group_at(
+    group: str,
+    members: tuple[str, ...],
+    data: Sequence[Measurement],
+    arch: ModelArch,
+    knee: float,
+) -> tuple[float, dict[str, KindFactors]]:
     rows = [m for m in data if m.kind.name in members]
     capped = [k for k in members if k in _CAPPED]
     lo = [p[1] for p in _PARAMS] + [0.3] * len(capped)
@@ -130,9 +149,9 @@ def fit_group(
 
     def build(x: np.ndarray) -> dict[str, KindFactors]:
         base = list(x[: len(_PARAMS)])
-        out = {group: _factors_from_vector(base, None)}
+        out = {group: _factors_from_vector(base, None, knee)}
         for i, name in enumerate(capped):
-            out[name] = _factors_from_vector(base, float(x[len(_PARAMS) + i]))
+            out[name] = _factors_from_vector(base, float(x[len(_PARAMS) + i]), knee)
         return out
 
     def residuals(x: np.ndarray) -> np.ndarray:
@@ -143,7 +162,7 @@ def fit_group(
     result = least_squares(
         residuals, np.array(x0), bounds=(np.array(lo), np.array(hi)), loss="soft_l1", f_scale=0.02
     )
-    return build(np.asarray(result.x))
+    return float(result.cost), build(np.asarray(result.x))
 
 
 def fit(data: Sequence[Measurement], arch: ModelArch | None = None) -> EfficiencyFactors:

@@ -26,6 +26,11 @@ class KindFactors:
     prefill_overhead_s: float  # fixed cost of one prefill pass (launches, scheduling)
     decode_overhead_s: float  # fixed cost of one decode step
     compute_scale: float = 1.0  # clocks kept under a power cap (1.0 = uncapped)
+    # Measured stacks slow down per token once one prefill pass exceeds a few thousand tokens
+    # (the Splitwise data: ~0.07 ms/token up to 2k tokens on H100 TP8, ~0.10 beyond): GEMM
+    # work past knee_tokens costs (1 + knee_slowdown) times as much. 0 = no knee.
+    knee_tokens: float = 0.0
+    knee_slowdown: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -66,6 +71,8 @@ def mean_factors(items: tuple[KindFactors, ...]) -> KindFactors:
         xs = [max(getattr(k, f.name), 1e-12) for k in items]
         values[f.name] = math.exp(sum(math.log(x) for x in xs) / len(xs))
     values["compute_scale"] = 1.0
+    if any(k.knee_tokens == 0 for k in items):
+        values["knee_tokens"] = values["knee_slowdown"] = 0.0
     return KindFactors(**values)
 
 
@@ -77,32 +84,38 @@ def mean_factors(items: tuple[KindFactors, ...]) -> KindFactors:
 # factors with a fitted compute_scale (decode is bandwidth-bound and did not slow down).
 SHIPPED_FACTORS: dict[str, KindFactors] = {
     "A100-SXM-80GB": KindFactors(
-        compute_eff=0.9082,
-        tp_scaling=0.4529,
-        bw_eff=1.0,
+        compute_eff=0.8,
+        tp_scaling=0.2376,
+        bw_eff=0.9499,
         comm_eff=1.0,
-        allreduce_latency_s=4.533e-05,
+        allreduce_latency_s=5.185e-05,
         prefill_overhead_s=0.0,
-        decode_overhead_s=0.01399,
+        decode_overhead_s=0.01076,
+        knee_tokens=3072.0,
+        knee_slowdown=0.683,
     ),
     "H100-SXM": KindFactors(
-        compute_eff=0.8742,
-        tp_scaling=0.626,
-        bw_eff=0.7266,
+        compute_eff=0.8,
+        tp_scaling=0.4161,
+        bw_eff=0.7045,
         comm_eff=1.0,
-        allreduce_latency_s=4.604e-05,
+        allreduce_latency_s=4.83e-05,
         prefill_overhead_s=0.0,
-        decode_overhead_s=0.001199,
+        decode_overhead_s=0.0,
+        knee_tokens=2048.0,
+        knee_slowdown=0.3464,
     ),
     "H100-SXM-PCAP70": KindFactors(
-        compute_eff=0.8742,
-        tp_scaling=0.626,
-        bw_eff=0.7266,
+        compute_eff=0.8,
+        tp_scaling=0.4161,
+        bw_eff=0.7045,
         comm_eff=1.0,
-        allreduce_latency_s=4.604e-05,
+        allreduce_latency_s=4.83e-05,
         prefill_overhead_s=0.0,
-        decode_overhead_s=0.001199,
-        compute_scale=0.7376,
+        decode_overhead_s=0.0,
+        compute_scale=0.7549,
+        knee_tokens=2048.0,
+        knee_slowdown=0.3464,
     ),
 }
 SHIPPED_ALIASES: dict[str, str] = {"H200-SXM": "H100-SXM"}

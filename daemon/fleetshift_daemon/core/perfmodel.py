@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetshift_common.errors import InvalidArgument
-
 from fleetshift_daemon.core.corrections import CorrectionTable, Phase
 from fleetshift_daemon.core.errors import InvalidModelArch, UnsupportedDeployment
 from fleetshift_daemon.core.gpus import GpuKind
@@ -158,6 +157,7 @@ class PerfCoefficients:
     """Times as linear functions of batch features (seconds), corrections not applied.
 
     prefill(lengths) = p0 + p_tok * sum(L) + p_sq * sum(L^2) + p_seq * len(lengths)
+                       + p_knee * max(0, sum(L) - knee_tokens)
     decode(batch, ctx) = d0 + d_seq * batch + d_ctx * ctx
     """
 
@@ -170,9 +170,14 @@ class PerfCoefficients:
     d_ctx: float
     kv_capacity_tokens: int
     kv_bytes_per_token: int
+    knee_tokens: float = math.inf
+    p_knee: float = 0.0
 
     def prefill_s(self, total_tokens: float, sum_sq: float, n_seqs: float) -> float:
-        return self.p0 + self.p_tok * total_tokens + self.p_sq * sum_sq + self.p_seq * n_seqs
+        t = self.p0 + self.p_tok * total_tokens + self.p_sq * sum_sq + self.p_seq * n_seqs
+        if total_tokens > self.knee_tokens:
+            t += self.p_knee * (total_tokens - self.knee_tokens)
+        return t
 
     def decode_s(self, batch: float, context_tokens: float) -> float:
         return self.d0 + self.d_seq * batch + self.d_ctx * context_tokens
@@ -260,6 +265,8 @@ def _raw_coefficients(dep: Deployment, kf: KindFactors, reserve: float) -> PerfC
         d_ctx=kv_read_s_per_token + attn_flops_per_ctx / compute_rate,
         kv_capacity_tokens=kv_cap,
         kv_bytes_per_token=_kv_bytes_per_token(dep, physical=False),
+        knee_tokens=kf.knee_tokens if kf.knee_slowdown > 0 else math.inf,
+        p_knee=kf.knee_slowdown * gemm_flops_per_token / compute_rate,
     )
 
 
