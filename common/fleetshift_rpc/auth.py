@@ -24,9 +24,9 @@ import grpc
 
 from fleetshift_rpc.ratelimit import RateLimiter
 from fleetshift_rpc.security import (
-    OperatorTokens,
     Principal,
     PrincipalKind,
+    TokenVerifier,
     bearer_token,
     is_loopback_peer,
     peer_host,
@@ -132,7 +132,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(
         self,
         policy: AuthPolicy,
-        tokens: OperatorTokens | None = None,
+        tokens: TokenVerifier | None = None,
         limiter: RateLimiter | None = None,
         on_refused: RefusalHook | None = None,
     ) -> None:

@@ -31,7 +31,7 @@ ROUTE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0
 # Heartbeat lag is judged against intervals of seconds.
 LAG_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0)
 # Snapshots span a small test model (kB) to a 70B model's weights and KV cache (100s of GB).
-SIZE_BUCKETS = tuple(float(4**i * 1024) for i in range(2, 16))  # 16 KiB .. 1 PiB/4
+SIZE_BUCKETS = tuple(float(4**i * 1024) for i in range(2, 16))  # 16 KiB .. 1 TiB
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 OPERATION_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 

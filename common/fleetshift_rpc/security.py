@@ -21,9 +21,12 @@ import hashlib
 import hmac
 import ipaddress
 import logging
-from collections.abc import Iterable, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 from cryptography import x509
@@ -224,6 +227,58 @@ class OperatorTokens:
             if hmac.compare_digest(presented, digest):
                 found = name
         return found
+
+
+class TokenVerifier(Protocol):
+    def operator_for(self, token: str) -> str | None: ...
+
+
+class TokenFile:
+    """Operator tokens read from a file and re-read when it changes (checked at most every
+    ``check_every_s``), so revoking a leaked token is deleting its line, no restart. A file
+    that turns unreadable or malformed accepts no token at all until fixed: fail closed."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        check_every_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._path = Path(path)
+        self._check_every_s = check_every_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._stamp = self._file_stamp()
+        self._tokens = OperatorTokens.from_file(self._path)  # a bad file fails the start
+        self._checked = clock()
+
+    def _file_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = self._path.stat()
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def _refresh(self) -> None:
+        now = self._clock()
+        with self._lock:
+            if now - self._checked < self._check_every_s:
+                return
+            self._checked = now
+            stamp = self._file_stamp()
+            if stamp == self._stamp:
+                return
+            self._stamp = stamp
+            try:
+                self._tokens = OperatorTokens.from_file(self._path)
+                log.info("operator tokens reloaded", extra={"path": str(self._path)})
+            except ConfigError as err:
+                self._tokens = OperatorTokens({})
+                log.error("operator tokens unusable, refusing all tokens: %s", err)
+
+    def operator_for(self, token: str) -> str | None:
+        self._refresh()
+        return self._tokens.operator_for(token)
 
 
 def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:

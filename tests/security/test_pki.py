@@ -13,7 +13,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from fleetshift_common.config import ConfigError
 from fleetshift_rpc import pki
-from fleetshift_rpc.security import OperatorTokens, PrincipalKind, TlsFiles, principal_from_pem
+from fleetshift_rpc.security import (
+    OperatorTokens,
+    PrincipalKind,
+    TlsFiles,
+    TokenFile,
+    principal_from_pem,
+)
 
 
 def load(path: Path) -> x509.Certificate:
@@ -127,3 +133,25 @@ def test_tls_files_must_be_set_together_and_name_the_holder(tmp_path: Path) -> N
     with pytest.raises(ConfigError) as err:
         files.check_identity(PrincipalKind.NODE, "node-b")
     assert "node:node-a" in err.value.message and "node:node-b" in err.value.message
+
+
+def test_token_file_changes_apply_without_restart_and_fail_closed(tmp_path: Path) -> None:
+    path = tmp_path / "operator-tokens"
+    alice = pki.new_token(path, "alice")
+    now = [0.0]
+    tokens = TokenFile(path, check_every_s=2.0, clock=lambda: now[0])
+    assert tokens.operator_for(alice) == "alice"
+    bob = pki.new_token(path, "bob")
+    assert tokens.operator_for(bob) is None  # not re-read before the interval
+    now[0] += 2.0
+    assert tokens.operator_for(bob) == "bob"
+    # revoke alice: delete her line
+    path.write_text("".join(line + "\n" for line in path.read_text().splitlines()[1:]))
+    now[0] += 2.0
+    assert tokens.operator_for(alice) is None and tokens.operator_for(bob) == "bob"
+    path.write_text("bob not-a-digest\n")
+    now[0] += 2.0
+    assert tokens.operator_for(bob) is None  # a broken file accepts nobody
+    path.unlink()
+    now[0] += 2.0
+    assert tokens.operator_for(bob) is None
