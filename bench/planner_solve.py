@@ -4,7 +4,7 @@ Each size is solved from scratch (options, two-stage MILP, node assignment, eval
 result). The baseline, timed in the same run on the same input, is a greedy heuristic
 placement (fill each kind's GPUs with mixed workers of the model with the most unmet demand)
 followed by the same evaluation; the printed ratio is MILP solve time / greedy time, and the
-goodput of both placements is printed so the time buys something visible.
+goodput and $/hour of both placements are printed so the time buys something visible.
 
     .venv/bin/python bench/planner_solve.py [--repeats 3]
 """
@@ -30,7 +30,7 @@ from fleetshift_daemon.core.planner import (
 )
 from fleetshift_daemon.core.routing import Role
 
-RATE = 6.0
+RATE = 6.0  # requests/s per model per 100 GPUs (x1..x3 by model); --rate changes it
 KINDS = ("A100-SXM-80GB", "H100-SXM", "H200-SXM", "L40S")
 
 
@@ -70,8 +70,9 @@ def fleet_input(n_gpus: int) -> PlanningInput:
 
 
 def greedy(planner: Planner, inp: PlanningInput) -> Placement:
-    """Mixed workers at the smallest TP that runs, round-robin over models by unmet demand."""
-    opts = [o for o in planner.options(inp) if o.role is Role.MIXED and o.key[4] is Dtype.BF16]
+    """Mixed workers at the smallest TP that runs, each GPU to the model with most unmet
+    demand (served tokens/s of a worker from its phase capacities)."""
+    opts = [o for o in planner.options(inp) if o.role is Role.MIXED]
     unmet = {
         d.model: d.arrival_rate_per_s * (d.mean_prompt_tokens + d.mean_output_tokens)
         for d in inp.demand.values()
@@ -91,7 +92,12 @@ def greedy(planner: Planner, inp: PlanningInput) -> Placement:
                 break
             o = min(cands, key=lambda o: o.tp)
             placed.append(PlacedWorker(o.model, o.role, o.key[2], o.tp, o.key[4], node.name))
-            unmet[model] -= o.decode_tokens_per_s + o.prefill_tokens_per_s
+            d = inp.demand[model]
+            per_request = (
+                d.mean_prompt_tokens / o.prefill_tokens_per_s
+                + d.mean_output_tokens / o.decode_tokens_per_s
+            )
+            unmet[model] -= (d.mean_prompt_tokens + d.mean_output_tokens) / per_request
             free -= o.tp
     return Placement(tuple(placed))
 
@@ -100,11 +106,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sizes", default="100,1000,10000")
+    ap.add_argument("--rate", type=float, default=RATE)
     args = ap.parse_args()
+    globals()["RATE"] = args.rate
     planner = Planner(PerfModel())
     print(
         f"{'GPUs':>6} {'nodes':>6} {'options':>7} {'MILP solve s':>12} {'greedy s':>9} "
-        f"{'ratio':>6} {'goodput MILP':>13} {'goodput greedy':>14} {'unplaced':>8}"
+        f"{'ratio':>6} {'demand tok/s':>13} {'goodput MILP':>13} {'LP bound':>13} "
+        f"{'goodput greedy':>14} {'$/h MILP':>9} {'$/h greedy':>10} {'unplaced':>8} status"
     )
     for size in (int(s) for s in args.sizes.split(",")):
         inp = fleet_input(size)
@@ -121,8 +130,11 @@ def main() -> None:
         s, gt = statistics.median(solve_times), statistics.median(greedy_times)
         print(
             f"{size:>6} {len(inp.nodes):>6} {n_opts:>7} {s:>12.3f} {gt:>9.3f} {s / gt:>6.1f} "
+            f"{sol.evaluation.demand_tokens_per_s:>13,.0f} "
             f"{sol.evaluation.goodput_tokens_per_s:>13,.0f} "
-            f"{g_eval.goodput_tokens_per_s:>14,.0f} {len(sol.unplaced):>8}"
+            f"{sol.goodput_bound_tokens_per_s:>13,.0f} "
+            f"{g_eval.goodput_tokens_per_s:>14,.0f} {sol.evaluation.cost_per_hour:>9,.0f} "
+            f"{g_eval.cost_per_hour:>10,.0f} {len(sol.unplaced):>8} {sol.status}"
         )
 
 

@@ -179,6 +179,7 @@ class FitError:
     phase: Phase
     n: int
     median_abs_pct: float
+    p90_abs_pct: float
     max_abs_pct: float
 
 
@@ -193,7 +194,7 @@ def fit_errors(
         err = abs(predict(model, arch, m) / m.seconds - 1.0) * 100.0
         errs[(m.kind.name, m.phase)].append(err)
     return [
-        FitError(k, ph, len(v), statistics.median(v), max(v))
+        FitError(k, ph, len(v), statistics.median(v), float(np.percentile(v, 90)), max(v))
         for (k, ph), v in sorted(errs.items(), key=lambda kv: (kv[0][0], kv[0][1].value))
     ]
 
@@ -225,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for e in fit_errors(factors, data):
         print(
             f"{e.kind:18s} {e.phase.value:8s} n={e.n:3d} median |err| {e.median_abs_pct:5.1f}% "
-            f"max {e.max_abs_pct:6.1f}%"
+            f"p90 {e.p90_abs_pct:5.1f}% max {e.max_abs_pct:6.1f}%"
         )
     return 0 if all(not math.isnan(e.median_abs_pct) for e in fit_errors(factors, data)) else 1
 
