@@ -46,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace", type=Path, required=True, help="CSV: TIMESTAMP,ContextTokens,GeneratedTokens"
     )
     p.add_argument(
-        "--policy", default="all", help="all, or a comma list of rr,ll,split,fleetshift,oracle"
+        "--policy",
+        default="all",
+        help="all, or a comma list of rr,ll,split,fleetshift,fleetshift-all,oracle",
     )
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the arrival rate")
     p.add_argument(
@@ -73,6 +75,8 @@ def prepare_trace(args: argparse.Namespace) -> Trace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=180)  # a log or pipe: keep the table readable
     try:
         fleet = load_fleet(args.fleet) if args.fleet else standard_fleet()
         trace = prepare_trace(args)

@@ -64,6 +64,7 @@ class Event(enum.IntEnum):
     KV_DONE = 1
     RESUME = 2
     TICK = 3
+    ACTION = 4
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,7 @@ class Simulator:
         self.next_arrival = 0
         self.arrival_stop = len(trace)
         self._heap: list[tuple[float, int, int, int, int]] = []
+        self._actions: dict[int, Callable[[float], None]] = {}
         self._seq = 0
         self.events = 0
         self.horizon_s = trace.duration_s + self.config.drain_s
@@ -263,6 +265,8 @@ class Simulator:
                 self._kv_done(a, b, t)
             elif ev == Event.RESUME:
                 self.kick(self.instances[a], t)
+            elif ev == Event.ACTION:
+                self._actions.pop(a)(t)
             elif ev == Event.TICK:
                 self.policy.on_tick(self, t)
                 if self.policy.tick_s and (self.next_arrival < self.arrival_stop or self._busy()):
@@ -270,6 +274,12 @@ class Simulator:
 
     def _busy(self) -> bool:
         return any(e[2] != Event.TICK for e in self._heap)
+
+    def schedule(self, t: float, action: Callable[[float], None]) -> None:
+        """Run ``action(t)`` at simulated time ``t`` (a control step that takes effect later)."""
+        self._seq += 1
+        self._actions[self._seq] = action
+        self._push(t, Event.ACTION, self._seq)
 
     def finish(self) -> None:
         """Whatever did not finish by the horizon counts as dropped; billing closes."""

@@ -17,6 +17,7 @@ import numpy as np
 
 from fleetshift_common.errors import NotFound
 from fleetshift_daemon.core import planner as pl
+from fleetshift_daemon.core import plans
 from fleetshift_daemon.core import routing as rt
 from fleetshift_daemon.core.estimator import OutputLengthEstimator
 from fleetshift_daemon.core.traffic import TrafficConfig, TrafficMonitor
@@ -182,9 +183,15 @@ def planner_nodes(sim: Simulator) -> list[pl.NodeCapacity]:
     return list(seen.values())
 
 
-def model_spec(sim: Simulator) -> pl.ModelSpec:
+def model_spec(sim: Simulator, keep_all: bool = False) -> pl.ModelSpec:
+    """``keep_all``: an owned fleet, every instance serves (the planner only picks roles)."""
     tps = tuple(sorted({g.tp for g in sim.fleet.groups}))
-    return pl.ModelSpec(sim.fleet.arch, dtypes=(sim.fleet.dtype,), tp_options=tps)
+    return pl.ModelSpec(
+        sim.fleet.arch,
+        dtypes=(sim.fleet.dtype,),
+        tp_options=tps,
+        min_workers=len(sim.instances) if keep_all else 0,
+    )
 
 
 def current_placement(sim: Simulator) -> pl.Placement:
@@ -218,11 +225,13 @@ def slo_target(sim: Simulator, mean_prompt: float, mean_output: float) -> pl.Slo
     return pl.SloTarget(ttft_ms=ttft * slo.ttft_multiple * 1e3, tbt_ms=tbt * slo.tbt_multiple * 1e3)
 
 
-def planning_input_for(sim: Simulator, demand: pl.ModelDemand) -> pl.PlanningInput:
+def planning_input_for(
+    sim: Simulator, demand: pl.ModelDemand, keep_all: bool = False
+) -> pl.PlanningInput:
     name = sim.fleet.arch.name
     return pl.planning_input(
         planner_nodes(sim),
-        [model_spec(sim)],
+        [model_spec(sim, keep_all)],
         [demand],
         slos={name: slo_target(sim, demand.mean_prompt_tokens, demand.mean_output_tokens)},
     )
@@ -268,8 +277,12 @@ class FleetShift(RouterPolicy):
         deploy_window_s: float = 300.0,
         seed: int = 0,
         mover: Mover | None = None,
+        keep_all: bool = False,
     ) -> None:
         super().__init__(hindsight_outputs=False, seed=seed)
+        self.keep_all = keep_all
+        if keep_all:
+            self.name = "fleetshift-all"
         self.tick_s = tick_s
         self.window_s = window_s
         self.deploy_window_s = deploy_window_s
@@ -283,10 +296,10 @@ class FleetShift(RouterPolicy):
             sim.model, pl.PlannerConfig(max_decode_batch=sim.config.max_batch)
         )
         if self.mover is None:
-            self.mover = default_mover(sim)
+            self.mover = default_mover(self.clock)
         # Deploy time: the planner's best placement for the first window's mix, the same
         # knowledge the static split is deployed with. Free: nothing is running yet.
-        inp = planning_input_for(sim, demand_of(sim, 0.0, self.deploy_window_s))
+        inp = planning_input_for(sim, demand_of(sim, 0.0, self.deploy_window_s), self.keep_all)
         solution = self.planner.solve(inp, pl.Placement())
         for inst, role in zip(sim.instances, target_roles(sim, solution.placement), strict=True):
             inst.role = role
@@ -314,62 +327,104 @@ class FleetShift(RouterPolicy):
             return
         if stats.requests == 0:
             return
-        inp = planning_input_for(sim, pl.ModelDemand.from_stats(stats))
+        inp = planning_input_for(sim, pl.ModelDemand.from_stats(stats), self.keep_all)
         report = self.planner.efficiency(inp, current_placement(sim))
         sim.efficiency.append((t, report.efficiency))
         assert self.mover is not None
-        for inst_idx, role, kind, cost in self.mover(sim, t, report):
-            sim.set_role(sim.instances[inst_idx], role, t, kind, cost)
+        for idx, role, kind, cost, delay in self.mover(sim, t, report, inp):
+            inst = sim.instances[idx]
+            if delay <= 0:
+                sim.set_role(inst, role, t, kind, cost)
+            else:
+                sim.schedule(t + delay, _later(sim, inst, role, kind, cost))
 
 
-MoveOrder = tuple[int, Role, str, float]  # instance, new role, kind of move, seconds out
-Mover = Callable[[Simulator, float, pl.EfficiencyReport], list[MoveOrder]]
+# instance, new role, kind of move, seconds out of service, delay before it takes effect
+MoveOrder = tuple[int, Role, str, float, float]
+Mover = Callable[[Simulator, float, pl.EfficiencyReport, pl.PlanningInput], list[MoveOrder]]
 
 
-class HysteresisMover:
-    """Act on the planner's best placement only when the gap has lasted ``patience`` ticks.
+def default_mover(clock: SimClock) -> Mover:
+    return PlansMover(clock)
 
-    Costs: a role change in place pauses the worker for ``role_change_s``; starting a worker
-    on an idle instance is a cold start (weights loaded fresh at ``load_gbps`` per GPU, plus
-    ``warmup_s`` of graph capture); retiring one costs nothing but its drain.
+
+class PlansMover:
+    """The daemon's own plan builder and hysteresis gate (``core.plans``), acted out in time.
+
+    Each move of a proposed plan is played make-before-break: a new or moved worker's
+    instance is billed and out of service for the move's duration; the instance it replaces
+    keeps serving until then and only then stops taking work (it finishes what it holds).
+    A role change in place takes its instance out for the move's duration. Sessions of a
+    moved worker are not carried over in the simulation: they finish where they are, which
+    costs the source a drain instead of the destination a KV recompute.
     """
 
     def __init__(
         self,
-        threshold: float = 0.95,
-        patience: int = 2,
-        role_change_s: float = 1.0,
-        load_gbps: float = 2.0,
-        warmup_s: float = 30.0,
+        clock: SimClock,
+        hysteresis: plans.HysteresisConfig | None = None,
+        costs: plans.MoveCostModel | None = None,
     ) -> None:
-        self.threshold = threshold
-        self.patience = patience
-        self.role_change_s = role_change_s
-        self.load_gbps = load_gbps
-        self.warmup_s = warmup_s
-        self._low = 0
+        self.costs = costs or plans.MoveCostModel()
+        self.gate = plans.Hysteresis(clock, hysteresis)
+        self.decisions: list[tuple[float, str]] = []
 
-    def cold_start_s(self, sim: Simulator, inst: Instance) -> float:
-        weights = sim.model.weight_bytes(inst.dep)
-        return self.warmup_s + weights / (self.load_gbps * 1e9 * inst.dep.tp)
-
-    def __call__(self, sim: Simulator, t: float, report: pl.EfficiencyReport) -> list[MoveOrder]:
-        self._low = self._low + 1 if report.efficiency < self.threshold else 0
-        if self._low < self.patience:
+    def __call__(
+        self, sim: Simulator, t: float, report: pl.EfficiencyReport, inp: pl.PlanningInput
+    ) -> list[MoveOrder]:
+        planner = pl.Planner(sim.model, pl.PlannerConfig(max_decode_batch=sim.config.max_batch))
+        plan = plans.build_plan(
+            planner, sim.model, inp, current_placement(sim), best=report.best, costs=self.costs
+        )
+        decision = self.gate.observe(report.efficiency, plan)
+        if not decision.propose:
             return []
-        self._low = 0
+        self.decisions.append((t, decision.reason))
+        return self._orders(sim, plan)
+
+    def _orders(self, sim: Simulator, plan: plans.Plan) -> list[MoveOrder]:
+        by_id = {worker_id(i): i for i in sim.instances}
+        claimed: set[int] = set()
         orders: list[MoveOrder] = []
-        for inst, role in zip(sim.instances, target_roles(sim, report.best.placement), strict=True):
-            if role is inst.role:
+        last_up = max(
+            (m.duration_s for m in plan.moves if m.kind is not plans.MoveKind.STOP), default=0.0
+        )
+        for m in plan.moves:
+            src = by_id.get(m.source.worker_id or "") if m.source else None
+            if m.kind is plans.MoveKind.ROLE_CHANGE and src is not None and m.target is not None:
+                orders.append((src.idx, _FROM_RT[m.target.role], m.kind.value, m.duration_s, 0.0))
                 continue
-            if role is Role.OFF:
-                orders.append((inst.idx, role, "retire", 0.0))
-            elif inst.role is Role.OFF:
-                orders.append((inst.idx, role, "cold_start", self.cold_start_s(sim, inst)))
-            else:
-                orders.append((inst.idx, role, "role_change", self.role_change_s))
+            if m.kind is plans.MoveKind.STOP:
+                if src is not None:
+                    orders.append((src.idx, Role.OFF, m.kind.value, 0.0, last_up))
+                continue
+            assert m.target is not None
+            dst = _free_instance(sim, m.target, claimed)
+            if dst is None:
+                continue
+            claimed.add(dst.idx)
+            orders.append((dst.idx, _FROM_RT[m.target.role], m.kind.value, m.duration_s, 0.0))
+            if src is not None:
+                orders.append((src.idx, Role.OFF, "retire", 0.0, m.duration_s))
         return orders
 
 
-def default_mover(sim: Simulator) -> Mover:
-    return HysteresisMover()
+def _free_instance(sim: Simulator, w: pl.PlacedWorker, claimed: set[int]) -> Instance | None:
+    for inst in sim.instances:
+        if (
+            inst.role is Role.OFF
+            and inst.idx not in claimed
+            and node_name(inst.node) == w.node
+            and inst.dep.tp == w.tp
+        ):
+            return inst
+    return None
+
+
+def _later(
+    sim: Simulator, inst: Instance, role: Role, kind: str, cost: float
+) -> Callable[[float], None]:
+    def act(t: float) -> None:
+        sim.set_role(inst, role, t, kind, cost)
+
+    return act

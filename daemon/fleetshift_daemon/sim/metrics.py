@@ -45,6 +45,8 @@ class Summary:
     tbt_s: dict[int, float]
     e2e_s: dict[int, float]
     max_gap_s: dict[int, float]
+    ttft_slowdown_p99: float  # p99 of TTFT / unloaded TTFT (Splitwise's SLO is <= 6)
+    tbt_slowdown_p99: float  # p99 of TBT / unloaded TBT (Splitwise's SLO is <= 5)
     makespan_s: float
     cost_per_mtok: float
     cost_per_good_mtok: float
@@ -54,6 +56,9 @@ class Summary:
     sim_wall_s: float = 0.0
     events: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def meets_p99_slo(self, ttft_multiple: float = 6.0, tbt_multiple: float = 5.0) -> bool:
+        return self.ttft_slowdown_p99 <= ttft_multiple and self.tbt_slowdown_p99 <= tbt_multiple
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -69,6 +74,8 @@ class RequestOutcome:
     e2e_s: FloatArray
     slo_ok: np.ndarray
     finished: np.ndarray
+    ttft_slowdown: FloatArray
+    tbt_slowdown: FloatArray
 
 
 def unloaded_times(sim: Simulator) -> tuple[FloatArray, FloatArray]:
@@ -100,7 +107,7 @@ def outcomes(sim: Simulator) -> RequestOutcome:
         & (ttft <= slo.ttft_multiple * u_ttft)
         & ((sim.output == 1) | (tbt <= slo.tbt_multiple * u_tbt))
     )
-    return RequestOutcome(ttft, tbt, e2e, ok, finished)
+    return RequestOutcome(ttft, tbt, e2e, ok, finished, ttft / u_ttft, tbt / u_tbt)
 
 
 def check_conservation(sim: Simulator) -> None:
@@ -126,6 +133,12 @@ def _pct(values: FloatArray) -> dict[int, float]:
     if not len(v):
         return {p: float("nan") for p in PERCENTILES}
     return {p: float(np.percentile(v, p)) for p in PERCENTILES}
+
+
+def _p99_slowdown(values: FloatArray, finished: np.ndarray, counted: np.ndarray) -> float:
+    """Over the ``counted`` requests; an unfinished one counts as infinitely slow."""
+    v = np.where(finished, values, np.inf)[counted]
+    return float(np.percentile(v, 99, method="higher")) if len(v) else float("nan")
 
 
 def billed_dollars(sim: Simulator) -> float:
@@ -164,6 +177,8 @@ def summarize(sim: Simulator, name: str, wall_s: float = 0.0) -> Summary:
         tbt_s=_pct(np.where(fin & (sim.output > 1), out.tbt_s, np.nan)),
         e2e_s=_pct(np.where(fin, out.e2e_s, np.nan)),
         max_gap_s=_pct(np.where(fin & (sim.output > 1), log.max_gap_s, np.nan)),
+        ttft_slowdown_p99=_p99_slowdown(out.ttft_slowdown, fin, np.ones(n, bool)),
+        tbt_slowdown_p99=_p99_slowdown(out.tbt_slowdown, fin, sim.output > 1),
         makespan_s=makespan,
         cost_per_mtok=dollars / (tokens / 1e6) if tokens else float("inf"),
         cost_per_good_mtok=dollars / (good_tokens / 1e6) if good_tokens else float("inf"),

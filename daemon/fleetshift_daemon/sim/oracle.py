@@ -85,8 +85,10 @@ def candidates(sim: Simulator, start: float, end: float, prev: Candidate | None)
     planner = pl.Planner(sim.model, pl.PlannerConfig(max_decode_batch=sim.config.max_batch))
     demand = demand_of(sim, start, end)
     if demand.arrival_rate_per_s > 0:
-        sol = planner.solve(planning_input_for(sim, demand), current_placement(sim))
-        shapes.setdefault(tuple(target_roles(sim, sol.placement)), "planner")
+        for keep_all, label in ((False, "planner"), (True, "planner-all")):
+            inp = planning_input_for(sim, demand, keep_all)
+            sol = planner.solve(inp, current_placement(sim))
+            shapes.setdefault(tuple(target_roles(sim, sol.placement)), label)
     shapes.setdefault(tuple(balanced_split(sim, observed_mix(sim, start, end))), "split")
     shapes.setdefault((Role.MIXED,) * n, "mixed")
     out = [

@@ -24,7 +24,7 @@ def table(results: Sequence[RunResult], title: str = "") -> Table:
     t = Table(title=title or None)
     for col in (
         "policy", "goodput r/s", "SLO %", "TTFT p50/p99 s", "TBT p50/p99 ms", "E2E p99 s",
-        "$/M tok", "$/M good tok", "moves", "dropped", "sim s",
+        "p99 slowdown TTFT/TBT", "$/M tok", "$/M good tok", "moves", "dropped", "sim s",
     ):  # fmt: skip
         t.add_column(col, justify="right" if col != "policy" else "left")
     for r in results:
@@ -36,6 +36,7 @@ def table(results: Sequence[RunResult], title: str = "") -> Table:
             f"{s.ttft_s[50]:.2f}/{s.ttft_s[99]:.2f}",
             f"{1e3 * s.tbt_s[50]:.0f}/{1e3 * s.tbt_s[99]:.0f}",
             f"{s.e2e_s[99]:.1f}",
+            f"{s.ttft_slowdown_p99:.1f}/{s.tbt_slowdown_p99:.1f}",
             f"{s.cost_per_mtok:.3f}",
             f"{s.cost_per_good_mtok:.3f}",
             str(s.move_count),
@@ -83,8 +84,8 @@ def write_outputs(
 def _summary_csv(path: Path, results: Sequence[RunResult]) -> Path:
     cols = [
         "policy", "requests", "finished", "dropped", "slo_met", "goodput_rps", "slo_attainment",
-        "throughput_tok_s", "cost_per_mtok", "cost_per_good_mtok", "move_count", "makespan_s",
-        "sim_wall_s", "events",
+        "throughput_tok_s", "ttft_slowdown_p99", "tbt_slowdown_p99", "cost_per_mtok",
+        "cost_per_good_mtok", "move_count", "makespan_s", "sim_wall_s", "events",
     ]  # fmt: skip
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)

@@ -17,7 +17,7 @@ from fleetshift_daemon.sim.policies import LeastLoaded, RoundRobin, StaticSplit
 from fleetshift_daemon.sim.timing import StepTimer
 from fleetshift_daemon.sim.trace import Trace
 
-POLICIES = ("rr", "ll", "split", "fleetshift", "oracle")
+POLICIES = ("rr", "ll", "split", "fleetshift", "fleetshift-all", "oracle")
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ def make_policy(name: str, opts: RunOptions) -> Policy:
         "ll": LeastLoaded,
         "split": StaticSplit,
         "fleetshift": lambda: FleetShift(tick_s=opts.tick_s, seed=opts.seed),
+        "fleetshift-all": lambda: FleetShift(tick_s=opts.tick_s, seed=opts.seed, keep_all=True),
         "oracle": lambda: OraclePolicy(seed=opts.seed),
     }
     if name not in factories:
