@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fleetshift_common.errors import FleetShiftError
 from fleetshift_daemon.core.corrections import CorrectionTable, Phase
 from fleetshift_daemon.core.errors import InvalidModelArch, UnsupportedDeployment
@@ -154,3 +155,18 @@ def test_one_noisy_observation_moves_the_correction_only_a_little() -> None:
     table.observe("A100-SXM-80GB", Phase.DECODE, 1.0, 1.0)
     table.observe("A100-SXM-80GB", Phase.DECODE, 1.9, 1.0)
     assert 1.0 < table.factor("A100-SXM-80GB", Phase.DECODE) < 1.1
+
+
+def test_worker_measurements_correct_the_model_per_kind_and_phase() -> None:
+    m = PerfModel(corrections=CorrectionTable())
+    dep = Deployment(llama2_70b(), H200_SXM, 2)
+    predicted = m.decode_step_time_s(dep, 16, 16 * 1500)
+    for _ in range(100):
+        m.record_decode_step(dep, 16, 16 * 1500, observed_s=0.8 * predicted)
+    assert m.decode_step_time_s(dep, 16, 16 * 1500) == pytest.approx(0.8 * predicted, rel=0.01)
+    other = Deployment(llama2_70b(), H100_SXM, 2)
+    assert m.decode_step_time_s(other, 16, 16 * 1500) == PerfModel().decode_step_time_s(
+        other, 16, 16 * 1500
+    )
+    factor = m.record_prefill(dep, [1000, 2000], observed_s=10.0)
+    assert 1.0 < factor <= 2.0

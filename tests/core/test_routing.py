@@ -134,3 +134,17 @@ def test_large_fleet_scores_a_bounded_candidate_set() -> None:
     d = r.route(RouteRequest(MODEL, 1000, 200))
     assert d.candidates_scored <= 3 * 3
     assert d.worker_id.startswith("w")
+
+
+def test_odd_workers_are_left_out_and_reported_not_fatal() -> None:
+    r = Router(PerfModel(), [llama2_70b()])
+    skipped = r.update_fleet(
+        [
+            WorkerView("ghost", "n1", "gpt-9", Role.MIXED, H100_SXM, 4),
+            WorkerView("tight", "n2", MODEL, Role.MIXED, H200_SXM, 1),  # fits only without reserve
+            WorkerView("nofit", "n3", MODEL, Role.MIXED, A100_SXM_80GB, 1),
+        ]
+    )
+    assert {s.worker_id for s in skipped} == {"ghost", "nofit"}
+    assert "gpt-9" in next(s.reason for s in skipped if s.worker_id == "ghost")
+    assert r.route(RouteRequest(MODEL, 100, 10)).worker_id == "tight"

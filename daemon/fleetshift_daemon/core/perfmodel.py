@@ -312,6 +312,30 @@ class PerfModel:
         c = self.coefficients(dep)
         return c.decode_s(batch_size, context_tokens) * self.correction(dep, Phase.DECODE)
 
+    def record_prefill(
+        self, dep: Deployment, prompt_lengths: Sequence[int], observed_s: float
+    ) -> float:
+        """A worker's measured prefill pass, folded into the online correction; new factor."""
+        c = self.coefficients(dep)
+        predicted = c.prefill_s(
+            float(sum(prompt_lengths)),
+            float(sum(n * n for n in prompt_lengths)),
+            len(prompt_lengths),
+        )
+        return self._record(dep, Phase.PREFILL, observed_s, predicted)
+
+    def record_decode_step(
+        self, dep: Deployment, batch_size: int, context_tokens: int, observed_s: float
+    ) -> float:
+        """A worker's measured decode step (e.g. mean TBT at its mean batch); new factor."""
+        predicted = self.coefficients(dep).decode_s(batch_size, context_tokens)
+        return self._record(dep, Phase.DECODE, observed_s, predicted)
+
+    def _record(self, dep: Deployment, phase: Phase, observed_s: float, predicted: float) -> float:
+        if self.corrections is None:
+            raise InvalidArgument("this model keeps no correction table", field="corrections")
+        return self.corrections.observe(dep.gpu.name, phase, observed_s, predicted)
+
     def kv_bytes_per_token(self, dep: Deployment) -> int:
         _validate(dep)
         return _kv_bytes_per_token(dep, physical=False)

@@ -23,8 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from fleetshift_common.errors import InvalidArgument, NotFound
-
 from fleetshift_daemon.core.corrections import Phase
+from fleetshift_daemon.core.errors import UnsupportedDeployment
 from fleetshift_daemon.core.estimator import OutputLengthEstimator
 from fleetshift_daemon.core.gpus import GpuKind
 from fleetshift_daemon.core.perfmodel import (
@@ -100,6 +100,12 @@ class RouteDecision:
     output_tokens: float
     output_estimated: bool
     candidates_scored: int
+
+
+@dataclass(frozen=True)
+class SkippedWorker:
+    worker_id: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -231,33 +237,59 @@ class Router:
 
     # -- fleet view -------------------------------------------------------------------------
 
-    def update_fleet(self, workers: Sequence[WorkerView]) -> None:
-        """Replace the whole view (registry change). O(workers); not on the per-call path."""
+    def update_fleet(self, workers: Sequence[WorkerView]) -> tuple[SkippedWorker, ...]:
+        """Replace the whole view (registry change). O(workers); not on the per-call path.
+
+        A worker the router cannot model (unknown model architecture, a shape the performance
+        model rejects) is left out and reported, so one odd worker never blocks routing.
+        """
         index: dict[str, _ModelIndex] = {}
         by_id: dict[str, _Worker] = {}
-        classes: dict[tuple[str, Role, str, int, Dtype], _Class] = {}
+        classes: dict[tuple[str, Role, str, int, Dtype], _Class | None] = {}
+        skipped: list[SkippedWorker] = []
         for i, w in enumerate(workers):
-            arch = self._archs.get(w.model)
-            if arch is None:
-                raise NotFound(
-                    f"model {w.model!r} of worker {w.id!r} is not known",
-                    field=f"workers[{i}].model",
-                )
             if w.id in by_id:
                 raise InvalidArgument(f"worker {w.id!r} listed twice", field=f"workers[{i}].id")
+            arch = self._archs.get(w.model)
+            if arch is None:
+                skipped.append(SkippedWorker(w.id, f"model {w.model!r} has no known architecture"))
+                continue
             key = (w.model, w.role, w.gpu.name, w.tp, w.dtype)
-            cls = classes.get(key)
+            if key not in classes:
+                classes[key] = self._new_class(arch, w)
+                cls = classes[key]
+                if cls is not None:
+                    index.setdefault(w.model, _ModelIndex(arch)).classes.append(cls)
+            cls = classes[key]
             if cls is None:
-                dep = Deployment(arch=arch, gpu=w.gpu, tp=w.tp, dtype=w.dtype)
-                cls = _Class(w.role, w.gpu, w.tp, w.dtype, dep, self._perf.coefficients(dep))
-                classes[key] = cls
-                index.setdefault(w.model, _ModelIndex(arch)).classes.append(cls)
+                skipped.append(
+                    SkippedWorker(
+                        w.id,
+                        f"{w.gpu.name} x{w.tp} {w.dtype.value} "
+                        f"cannot run {w.model!r} in the performance model",
+                    )
+                )
+                continue
             worker = _Worker(w, cls)
             cls.workers.append(worker)
             by_id[w.id] = worker
         with self._lock:
             self._index = index
             self._workers = by_id
+        return tuple(skipped)
+
+    def _new_class(self, arch: ModelArch, w: WorkerView) -> _Class | None:
+        dep = Deployment(arch=arch, gpu=w.gpu, tp=w.tp, dtype=w.dtype)
+        # A worker that runs with less memory headroom than the model's default reserve is
+        # still real: fall back to no reserve before giving up on it.
+        for reserve in (0.1, 0.0):
+            try:
+                return _Class(
+                    w.role, w.gpu, w.tp, w.dtype, dep, self._perf.coefficients(dep, reserve)
+                )
+            except UnsupportedDeployment:
+                continue
+        return None
 
     def update_load(
         self,
