@@ -12,6 +12,7 @@ from fleetshift_agent.snapshot import (
     SnapshotPartNotFound,
     open_snapshot,
 )
+from fleetshift_common.errors import InvalidArgument
 
 from .helpers import ARTIFACTS, JSON_PARTS, make_key, sample_tensors
 
@@ -135,3 +136,11 @@ def test_large_groups_are_sharded_and_load_whole(write_sample) -> None:
                 assert _bitwise_equal(f.get_tensor(name), expected["kv"][name])
                 seen.add(name)
     assert seen == set(expected["kv"])
+
+
+def test_unsupported_dtype_is_refused_before_anything_is_written(
+    tmp_path: Path, write_sample
+) -> None:
+    with pytest.raises(InvalidArgument, match=r"'kv'.*complex64"):
+        write_sample(tensor_groups={"kv": {"z": torch.zeros(2, dtype=torch.complex64)}})
+    assert list(tmp_path.iterdir()) == []

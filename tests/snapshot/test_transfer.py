@@ -12,6 +12,7 @@ import torch
 from fleetshift.v1 import snapshot_pb2, snapshot_pb2_grpc
 from fleetshift_agent.snapshot import (
     SnapshotCorrupt,
+    SnapshotInUse,
     SnapshotNotFound,
     SnapshotStore,
     TransferFailed,
@@ -221,6 +222,8 @@ async def test_transfer_resumes_after_the_destination_agent_restarts(
         fetch_snapshot(f"127.0.0.1:{port}", SID, dest, chunk_size=CHUNK, max_attempts=2)
     )
     await asyncio.wait_for(first.paused.wait(), 20)
+    with pytest.raises(SnapshotInUse, match="already being received"):
+        await fetch_snapshot(f"127.0.0.1:{port}", SID, dest)  # a second transfer of the same id
     await server.stop(None)
     with pytest.raises(TransferFailed):
         await asyncio.wait_for(fetch, 30)

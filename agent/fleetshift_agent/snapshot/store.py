@@ -71,6 +71,7 @@ class SnapshotStore:
         (self.root / PINS).mkdir(exist_ok=True)
         self._lock = threading.Lock()
         self._in_use: Counter[str] = Counter()
+        self._receiving: set[str] = set()
         self.removed_at_start = self.cleanup_tmp()
 
     # -- writing and reading ----------------------------------------------------------------
@@ -209,6 +210,19 @@ class SnapshotStore:
     def incoming_dir(self, snapshot_id: str) -> Path:
         """Where a transfer keeps its partial files; survives restarts so transfers resume."""
         return self.root / f"{INCOMING_PREFIX}{check_name('snapshot id', snapshot_id)}"
+
+    @contextmanager
+    def receiving(self, snapshot_id: str) -> Iterator[Path]:
+        """Claim the incoming directory of a transfer; a second concurrent claim is refused."""
+        with self._lock:
+            if snapshot_id in self._receiving:
+                raise SnapshotInUse(snapshot_id, "already being received by another transfer")
+            self._receiving.add(snapshot_id)
+        try:
+            yield self.incoming_dir(snapshot_id)
+        finally:
+            with self._lock:
+                self._receiving.discard(snapshot_id)
 
     def discard_incoming(self, snapshot_id: str) -> None:
         shutil.rmtree(self.incoming_dir(snapshot_id), ignore_errors=True)

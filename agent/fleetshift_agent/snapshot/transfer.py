@@ -218,6 +218,23 @@ def _write_manifest(incoming: Path, raw: bytes) -> None:
         fsync_dir(incoming)
 
 
+async def _run(job: _Fetch, store: SnapshotStore) -> None:
+    snapshot_id = job.snapshot_id
+    try:
+        raw = await job.manifest()
+        manifest = parse_manifest(raw, snapshot_id)
+        if manifest.snapshot_id != snapshot_id:
+            raise SnapshotCorrupt(snapshot_id, MANIFEST, f"names {manifest.snapshot_id!r}")
+        await asyncio.to_thread(_write_manifest, job.incoming, raw)
+        for name, entry in sorted(manifest.files.items()):
+            await job.file(name, entry)
+        job.report.bytes_total = manifest.data_bytes
+        job.report.snapshot = await asyncio.to_thread(store.adopt_incoming, snapshot_id)
+    except SnapshotCorrupt:
+        store.discard_incoming(snapshot_id)
+        raise
+
+
 async def fetch_snapshot(
     channel_or_address: grpc.aio.Channel | str,
     snapshot_id: str,
@@ -242,28 +259,17 @@ async def fetch_snapshot(
         if isinstance(channel_or_address, str)
         else channel_or_address
     )
-    incoming = store.incoming_dir(snapshot_id)
     try:
-        job = _Fetch(
-            snapshot_pb2_grpc.SnapshotServiceStub(channel),
-            snapshot_id,
-            incoming,
-            chunk_size,
-            max_attempts,
-            retry_delay_s,
-        )
-        raw = await job.manifest()
-        manifest = parse_manifest(raw, snapshot_id)
-        if manifest.snapshot_id != snapshot_id:
-            raise SnapshotCorrupt(snapshot_id, MANIFEST, f"names {manifest.snapshot_id!r}")
-        await asyncio.to_thread(_write_manifest, incoming, raw)
-        for name, entry in sorted(manifest.files.items()):
-            await job.file(name, entry)
-        job.report.bytes_total = manifest.data_bytes
-        job.report.snapshot = await asyncio.to_thread(store.adopt_incoming, snapshot_id)
-    except SnapshotCorrupt:
-        store.discard_incoming(snapshot_id)
-        raise
+        with store.receiving(snapshot_id) as incoming:
+            job = _Fetch(
+                snapshot_pb2_grpc.SnapshotServiceStub(channel),
+                snapshot_id,
+                incoming,
+                chunk_size,
+                max_attempts,
+                retry_delay_s,
+            )
+            await _run(job, store)
     finally:
         if own:
             await channel.close()

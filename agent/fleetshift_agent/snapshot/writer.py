@@ -50,6 +50,13 @@ class SnapshotInfo:
     key: CompatKey
 
 
+def _plan(group: str, tensors: Mapping[str, torch.Tensor]) -> tuple[bytes, list[tensorfile.Entry]]:
+    try:
+        return tensorfile.plan(tensors)
+    except tensorfile.TensorFileError as exc:
+        raise InvalidArgument(f"tensor group {group!r}: {exc.problem}", field=group) from None
+
+
 def _shards(
     group: str, tensors: Mapping[str, torch.Tensor], shard_bytes: int
 ) -> list[tuple[str, dict[str, torch.Tensor]]]:
@@ -101,7 +108,7 @@ def write_snapshot(
     for name, data in (artifacts or {}).items():
         blobs[artifact_file(name)] = bytes(data) if not isinstance(data, bytes) else data
     plans = {
-        name: (shard, *tensorfile.plan(shard))
+        name: (shard, *_plan(group, shard))
         for group, tensors in tensor_groups.items()
         for name, shard in _shards(group, tensors, shard_bytes)
     }
