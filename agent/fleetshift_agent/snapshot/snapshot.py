@@ -1,10 +1,13 @@
 """Reading a snapshot: verify every byte before anything reaches a running worker.
 
 ``verify`` checks the directory against its manifest (missing, extra, truncated, altered
-files, symlinks, unsafe tensor headers). The loaders check the digest of exactly the bytes
-they return, hashing while reading, and build tensors as views of that verified buffer: there
-is no window in which a file could be swapped between check and use, and no second copy of
-the model in memory.
+files, symlinks, unsafe tensor headers). The loaders check the SHA-256 of exactly the bytes
+they hand out before a single tensor is built. By default a tensor file is mapped
+copy-on-write and hashed through the mapping: no private copy of the model, no page zeroing,
+and a GPU restore copies straight from the page cache. The mapped bytes stay the verified ones
+because snapshot files are never rewritten or truncated (every write is a new file; deletion
+unlinks, which leaves mappings intact). ``copy=True`` reads into private memory while hashing
+instead, for callers that want no dependency on the files at all after loading.
 """
 
 from __future__ import annotations

@@ -128,13 +128,15 @@ class _Fetch:
         final.parent.mkdir(exist_ok=True)
         for round_ in range(2):
             part = final.with_name(final.name + PART_SUFFIX)
+            if part.exists() and part.stat().st_size > entry.size:
+                part.unlink()  # not a prefix of this file: start it over
             sha = await asyncio.to_thread(_hash_prefix, part)
             held = part.stat().st_size if part.exists() else 0
             self.report.bytes_resumed += held
             with open(part, "ab") as out:
                 await self.retrying(name, lambda o=out, h=sha: self._pull(name, entry, o, h))
                 out.flush()
-                os.fsync(out.fileno())
+                await asyncio.to_thread(os.fsync, out.fileno())
             if sha.hexdigest() == entry.sha256:
                 os.rename(part, final)
                 return
