@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.core.estimator import EstimatorConfig, OutputLengthEstimator
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fleetshift_common.errors import InvalidArgument, NotFound
 from fleetshift_daemon.core.errors import UnknownGpuKind
 from fleetshift_daemon.core.gpus import default_catalogue, gpu_kind_from_mapping
@@ -39,8 +40,9 @@ def test_nvml_product_names_map_to_kinds(product: str, expected: str | None) -> 
 def test_unknown_kind_is_a_typed_not_found_naming_the_kind() -> None:
     with pytest.raises(UnknownGpuKind, match="B200") as exc:
         default_catalogue().get("B200")
-    assert isinstance(exc.value, NotFound)
+    assert isinstance(exc.value, NotFound) and isinstance(exc.value, KeyError)
     assert exc.value.field == "gpu_kind"
+    assert str(exc.value).startswith("gpu kind 'B200' is not in the catalogue")
 
 
 def test_config_adds_a_kind_and_overrides_a_price() -> None:

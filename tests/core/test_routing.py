@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fleetshift_common.errors import InvalidArgument, NotFound
 from fleetshift_daemon.core.estimator import OutputLengthEstimator
 from fleetshift_daemon.core.gpus import A100_SXM_80GB, H100_SXM, H200_SXM, GpuKind

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from fleetshift_common.errors import InvalidArgument, NotFound
 from fleetshift_daemon.core.traffic import TrafficConfig, TrafficMonitor
 

@@ -18,3 +18,7 @@ class UnsupportedDeployment(FailedPrecondition):
 
 class InvalidModelArch(InvalidArgument):
     """A model architecture (e.g. an HF config) that is incomplete or inconsistent."""
+
+
+class GpuKindNotInCatalogue(UnknownGpuKind, KeyError):
+    """A catalogue lookup miss; also a KeyError, as a mapping lookup would raise."""

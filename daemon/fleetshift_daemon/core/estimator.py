@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
+
 from fleetshift_common.errors import InvalidArgument
 
 

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetshift_common.errors import InvalidArgument
-
-from fleetshift_daemon.core.errors import UnknownGpuKind
+from fleetshift_daemon.core.errors import GpuKindNotInCatalogue
 
 GIB = 1 << 30
 
@@ -155,7 +154,7 @@ class GpuCatalogue:
         try:
             return self._by_name[name]
         except KeyError:
-            raise UnknownGpuKind(
+            raise GpuKindNotInCatalogue(
                 f"gpu kind {name!r} is not in the catalogue (known: {sorted(self._by_name)})",
                 field="gpu_kind",
             ) from None

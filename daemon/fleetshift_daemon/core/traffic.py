@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from fleetshift_common.errors import InvalidArgument, NotFound
 
 
