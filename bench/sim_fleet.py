@@ -8,6 +8,8 @@ Trace: the Azure LLM inference conversation trace (2023-11-16, ~1 h; Splitwise, 
 2. A shifting mix at the same scale: prefill-heavy first half, decode-heavy second half.
 3. Simulation speed of the 1x trace, against a baseline measured in the same run (loading the
    trace and iterating its requests once in Python).
+4. Throughput at SLO (Splitwise's comparison): per policy, the largest rate scale (bisection,
+   0.125 resolution) at which it still meets the P99 SLO; and goodput at 1.5x the knee.
 
     .venv/bin/python bench/sim_fleet.py [--out DIR] [--img docs/img] [--skip-oracle]
 """
@@ -66,6 +68,27 @@ def find_knee(
         if not ok:
             return scale, seen
     return grid[-1], seen
+
+
+def max_scale(trace, fleet, policy: str, lo: float, hi: float, step: float = 0.125) -> float:
+    """Largest scale in [lo, hi] (to ``step``) meeting the P99 SLO; ``lo`` if none does."""
+
+    def ok(scale: float) -> bool:
+        r = run_policies(fleet, trace.rate_scaled(scale, seed=0), [policy])[0].summary
+        console.print(
+            f"  {policy} at x{scale:g}: p99 slowdown TTFT {r.ttft_slowdown_p99:.2f} "
+            f"TBT {r.tbt_slowdown_p99:.2f} ({r.sim_wall_s:.1f} s)"
+        )
+        return r.meets_p99_slo()
+
+    if not ok(lo):
+        return 0.0
+    while hi - lo > step:
+        mid = round((lo + hi) / 2 / step) * step
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
 
 
 def main() -> int:
@@ -138,6 +161,31 @@ def main() -> int:
         "headline": headline(shift),
         "policies": [r.summary.as_dict() for r in shift],
     }
+    # 4. throughput at SLO, and goodput past the knee
+    capacity = {}
+    for name in [p for p in policies if p != "oracle"]:
+        capacity[name] = max_scale(trace, fleet, name, 1.0, 8.0)
+        console.print(f"{name}: meets the P99 SLO up to x{capacity[name]:g}")
+    best_base = max(capacity["rr"], capacity["ll"])
+    report["throughput_at_slo"] = {
+        "max_scale": capacity,
+        **{f"{k}_vs_best_baseline": v / best_base for k, v in capacity.items()},
+    }
+    over_scale = round(1.5 * scale * 4) / 4
+    over = run_policies(
+        fleet,
+        trace.rate_scaled(over_scale, seed=0),
+        policies,
+        on_done=lambda r: console.print(f"{r.name}: {r.summary.sim_wall_s:.1f} s"),
+    )
+    print_table(over, f"conversation trace at x{over_scale:g} (1.5x the knee)", console)
+    write_outputs(args.out / "overload", over, {"scale": over_scale})
+    report["overload"] = {
+        "scale": over_scale,
+        "headline": headline(over),
+        "policies": [r.summary.as_dict() for r in over],
+    }
+
     if args.img:
         args.img.mkdir(parents=True, exist_ok=True)
         draw_plots(args.img, knee, prefix="sim-knee-")
@@ -147,7 +195,8 @@ def main() -> int:
     console.print_json(
         json.dumps({k: v for k, v in report.items() if k in ("speed",)}, default=str)
     )
-    for k in ("x1", "knee", "shift"):
+    console.print("throughput at SLO", report["throughput_at_slo"])
+    for k in ("x1", "knee", "shift", "overload"):
         console.print(k, report[k]["headline"])  # type: ignore[index]
     return 0
 

@@ -187,7 +187,28 @@ def summarize(sim: Simulator, name: str, wall_s: float = 0.0) -> Summary:
         move_count=len(sim.moves),
         sim_wall_s=wall_s,
         events=sim.events,
+        extra={"instances": instance_table(sim, makespan)},
     )
+
+
+def instance_table(sim: Simulator, makespan: float) -> list[dict[str, Any]]:
+    """Per instance: its final role, how busy it was and how much work it took."""
+    pre = np.bincount(sim.log.prefill_inst[sim.log.prefill_inst >= 0], minlength=len(sim.instances))
+    dec = np.bincount(sim.log.decode_inst[sim.log.decode_inst >= 0], minlength=len(sim.instances))
+    return [
+        {
+            "instance": i.idx,
+            "node": i.node,
+            "gpu": i.gpu,
+            "tp": i.dep.tp,
+            "final_role": i.role.value,
+            "busy": i.busy_s / makespan,
+            "billed_s": i.billed_s,
+            "prefills": int(pre[i.idx]),
+            "decodes": int(dec[i.idx]),
+        }
+        for i in sim.instances
+    ]
 
 
 def goodput_series(sim: Simulator, bucket_s: float) -> tuple[FloatArray, FloatArray]:
