@@ -34,16 +34,38 @@ sys.path.insert(0, str(ROOT))
 
 from fleetshift.v1 import fleet_pb2 as pb  # noqa: E402
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc  # noqa: E402
+from fleetshift_daemon.api import convert  # noqa: E402
 from fleetshift_daemon.api import fleet as fleet_api  # noqa: E402
 from fleetshift_daemon.core.registry import Registry  # noqa: E402
 from fleetshift_daemon.store.database import make_engine, upgrade  # noqa: E402
 from fleetshift_daemon.store.registry_store import SqlRegistryStore  # noqa: E402
 from fleetshift_rpc import pki  # noqa: E402
 from fleetshift_rpc.auth import AuthInterceptor, AuthPolicy  # noqa: E402
+from fleetshift_rpc.errors import rpc_errors  # noqa: E402
 from fleetshift_rpc.ratelimit import RateLimit, RateLimiter  # noqa: E402
 from fleetshift_rpc.security import TlsFiles, client_credentials  # noqa: E402
-from fleetshift_rpc.server import start_server  # noqa: E402
+from fleetshift_rpc.server import ServiceBinding, start_server  # noqa: E402
 from tests.security.conftest import checked_bindings, registration  # noqa: E402
+
+
+class UncheckedAgentRegistry(fleet_api.AgentRegistryServicer):
+    """Heartbeat as it was before the identity hook (so the baseline stays the pre-security
+    code path even once the real servicer calls ``require_node_identity``)."""
+
+    @rpc_errors
+    async def Heartbeat(self, request, context):  # type: ignore[no-untyped-def]
+        workers = [convert.counters(w) for w in request.workers]
+        node = self._registry.heartbeat(request.node_name, workers)
+        return pb.HeartbeatResponse(state=convert.node_pb(node).state, cordoned=node.cordoned)
+
+
+def unchecked_bindings(registry: Registry) -> list[ServiceBinding]:
+    return [
+        ServiceBinding(b.add_to_server, UncheckedAgentRegistry(registry, 1000), b.full_name)
+        if b.full_name.endswith(".AgentRegistry")
+        else b
+        for b in fleet_api.bindings(registry, 1000)
+    ]
 
 
 async def measure(stub: pb_grpc.AgentRegistryStub, calls: int) -> list[float]:
