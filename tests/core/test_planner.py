@@ -143,3 +143,31 @@ def test_input_errors_name_the_field() -> None:
     with pytest.raises(InvalidArgument) as exc3:
         planning_input(nodes, models, [], slos={M70: SloTarget(ttft_ms=0)})
     assert exc3.value.field == f"slos[{M70}].ttft_ms"
+
+
+def test_demand_from_counters_uses_processed_tokens_per_request() -> None:
+    from fleetshift_daemon.core.traffic import TrafficMonitor
+
+    t = [0.0]
+    mon = TrafficMonitor(lambda: t[0])
+    for _ in range(100):
+        mon.observe_request(M70, 1000, 100)  # the router's estimate: 100 output tokens
+        t[0] += 0.1
+    mon.observe_counters("w1", M70, 0, 0)
+    t[0] += 1.0
+    mon.observe_counters("w1", M70, 10_000, 5_000)  # the fleet processed 10k in, 5k out
+    d = ModelDemand.from_stats(mon.stats(M70))
+    assert d.arrival_rate_per_s == pytest.approx(100 / 11, rel=0.01)
+    assert d.mean_prompt_tokens == pytest.approx(10_000 / 100)
+    assert d.mean_output_tokens == pytest.approx(5_000 / 100)
+
+
+def test_unsatisfiable_minimum_workers_fail_naming_the_field() -> None:
+    from fleetshift_common.errors import FailedPrecondition
+
+    nodes = [NodeCapacity("h100-0", H100_SXM, 2)]
+    models = [ModelSpec(llama2_70b(), tp_options=(2,), min_workers=3)]
+    inp = planning_input(nodes, models, [ModelDemand(M70, 1.0, 100, 100)])
+    with pytest.raises(FailedPrecondition) as exc:
+        Planner(PerfModel()).solve(inp)
+    assert exc.value.field == "min_workers"

@@ -76,9 +76,14 @@ class ModelDemand:
 
     @classmethod
     def from_stats(cls, stats: TrafficStats) -> ModelDemand:
-        return cls(
-            stats.model, stats.arrival_rate_per_s, stats.prompt.mean, max(stats.output.mean, 1.0)
-        )
+        """Rates from the window; when worker counters fed it, their processed tokens per
+        request stand for the lengths (route calls only carry estimated outputs)."""
+        rate = stats.arrival_rate_per_s
+        prompt, output = stats.prompt.mean, stats.output.mean
+        if stats.source == "counters" and rate > 0:
+            prompt = stats.prefill_tokens_per_s / rate
+            output = stats.decode_tokens_per_s / rate
+        return cls(stats.model, rate, max(prompt, 1.0), max(output, 1.0))
 
 
 @dataclass(frozen=True)
