@@ -22,12 +22,16 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from fleetshift_rpc.ratelimit import RateLimiter
+from fleetshift_common.config import ConfigError
+from fleetshift_rpc.ratelimit import RateLimit, RateLimiter
 from fleetshift_rpc.security import (
     Principal,
     PrincipalKind,
+    TlsFiles,
+    TokenFile,
     TokenVerifier,
     bearer_token,
+    check_plaintext_allowed,
     is_loopback_peer,
     peer_host,
     peer_principal,
@@ -271,3 +275,60 @@ def _handler_kind(handler: grpc.RpcMethodHandler) -> str:
     if handler.request_streaming:
         return "stream_stream" if handler.response_streaming else "stream_unary"
     return "unary_stream" if handler.response_streaming else "unary_unary"
+
+
+# --- one call for a process's composition root ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerSecurity:
+    """What ``start_server`` needs for a process's ports, built and checked from its config."""
+
+    credentials: grpc.ServerCredentials | None  # main port: mTLS, or None = plaintext loopback
+    operator_credentials: grpc.ServerCredentials | None  # TLS-only port for token operators
+    interceptors: tuple[grpc.aio.ServerInterceptor, ...]
+    tls: TlsFiles | None  # also the process's client credentials: tls.channel_credentials()
+
+
+def server_security(
+    *,
+    listen: str,
+    tls_cert: str = "",
+    tls_key: str = "",
+    tls_ca: str = "",
+    operator_listen: str = "",
+    operator_tokens_file: str = "",
+    read_only_open: bool = False,
+    rate_limit: RateLimit | None = None,
+    expect: tuple[PrincipalKind, str] | None = None,
+    on_refused: RefusalHook | None = None,
+) -> ServerSecurity:
+    """Validate the security keys of a process config (ConfigError naming the key) and build
+    its credentials and interceptor. ``expect`` is the identity the process's own certificate
+    must carry, e.g. ``(PrincipalKind.NODE, node_name)`` for an agent."""
+    tls = TlsFiles.from_config(tls_cert, tls_key, tls_ca)
+    if tls is None:
+        check_plaintext_allowed(listen, "listen")
+        if operator_listen:
+            raise ConfigError(
+                "config key 'operator_listen' needs tls_cert, tls_key and tls_ca "
+                "(bearer tokens are never accepted in plaintext)",
+                field="operator_listen",
+            )
+    elif expect is not None:
+        tls.check_identity(*expect)
+    tokens = TokenFile(operator_tokens_file) if operator_tokens_file else None
+    interceptor = AuthInterceptor(
+        AuthPolicy(read_only_open=read_only_open),
+        tokens,
+        RateLimiter(rate_limit or RateLimit()),
+        on_refused,
+    )
+    return ServerSecurity(
+        credentials=tls.server_credentials() if tls else None,
+        operator_credentials=(
+            tls.server_credentials(require_client_cert=False) if tls and operator_listen else None
+        ),
+        interceptors=(interceptor,),
+        tls=tls,
+    )
