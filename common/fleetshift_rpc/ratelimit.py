@@ -26,11 +26,15 @@ class RateLimit:
     max_clients: int = 10_000  # buckets kept; least recently seen evicted beyond this
 
     def __post_init__(self) -> None:
-        for name in ("rate_per_s", "burst", "max_clients"):
+        keys = {
+            "rate_per_s": "rate_limit_per_s",
+            "burst": "rate_limit_burst",
+            "max_clients": "rate_limit_max_clients",
+        }
+        for name, key in keys.items():
             if getattr(self, name) <= 0:
                 raise ConfigError(
-                    f"config key 'rate_limit_{name}' must be > 0, got {getattr(self, name)}",
-                    field=f"rate_limit_{name}",
+                    f"config key '{key}' must be > 0, got {getattr(self, name)}", field=key
                 )
 
 

@@ -110,11 +110,18 @@ def test_memory_stays_flat_under_a_flood_of_distinct_keys() -> None:
     assert later - full < 16 * 1024, (full, later)
 
 
-@pytest.mark.parametrize("field", ["rate_per_s", "burst", "max_clients"])
-def test_limits_must_be_positive(field: str) -> None:
+@pytest.mark.parametrize(
+    ("field", "key"),
+    [
+        ("rate_per_s", "rate_limit_per_s"),
+        ("burst", "rate_limit_burst"),
+        ("max_clients", "rate_limit_max_clients"),
+    ],
+)
+def test_limits_must_be_positive(field: str, key: str) -> None:
     with pytest.raises(ConfigError) as err:
         RateLimit(**{field: 0})  # type: ignore[arg-type]
-    assert err.value.field == f"rate_limit_{field}"
+    assert err.value.field == key
 
 
 ROUTE = "/fleetshift.v1.Router/Route"
