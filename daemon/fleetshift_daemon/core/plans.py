@@ -126,9 +126,12 @@ def build_plan(
     pricing = _Pricer(perf, archs, kinds, opts, costs)
 
     moves = _match(current, target, pricing)
-    before = planner.evaluate(inp, current)
-    after = planner.evaluate(inp, target)
-    moves = _with_gains(planner, inp, current, moves, before.goodput_tokens_per_s, max_evaluations)
+    before = planner.evaluate(inp, current, list(opts.values()))
+    after = planner.evaluate(inp, target, list(opts.values()))
+    opt_list = list(opts.values())
+    moves = _with_gains(
+        planner, inp, current, moves, before.goodput_tokens_per_s, max_evaluations, opt_list
+    )
     eff = (
         1.0
         if after.goodput_tokens_per_s <= 0
@@ -265,14 +268,11 @@ def _adopt(t: PlacedWorker, src: PlacedWorker) -> PlacedWorker:
     )
 
 
-def _apply(workers: list[PlacedWorker], m: Move) -> None:
+def _apply(workers: dict[int, PlacedWorker], m: Move) -> None:
     if m.source is not None:
-        for i, w in enumerate(workers):
-            if w is m.source:
-                del workers[i]
-                break
+        workers.pop(id(m.source), None)
     if m.target is not None:
-        workers.append(m.target)
+        workers[id(m.target)] = m.target
 
 
 def _with_gains(
@@ -282,20 +282,22 @@ def _with_gains(
     moves: Sequence[Move],
     before: float,
     max_evaluations: int,
+    opts: Sequence[OptionCapacity],
 ) -> list[Move]:
     """Marginal goodput of each move, applied in order; beyond ``max_evaluations`` moves,
     consecutive moves share one evaluation and split its gain evenly."""
     if not moves:
         return []
     per = max(1, math.ceil(len(moves) / max(max_evaluations, 1)))
-    workers = list(current.workers)
+    workers = {id(w): w for w in current.workers}
     out: list[Move] = []
     prev = before
     for start in range(0, len(moves), per):
         chunk = moves[start : start + per]
         for m in chunk:
             _apply(workers, m)
-        now = planner.evaluate(inp, Placement(tuple(workers))).goodput_tokens_per_s
+        placement = Placement(tuple(workers.values()))
+        now = planner.evaluate(inp, placement, opts).goodput_tokens_per_s
         share = (now - prev) / len(chunk)
         prev = now
         out.extend(_with_gain(m, share) for m in chunk)
