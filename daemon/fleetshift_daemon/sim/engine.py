@@ -125,6 +125,8 @@ class Instance:
         self.step_prefills: list[tuple[int, bool]] = []
         self.paused_until = 0.0
         self.busy_s = 0.0
+        self.prefill_tokens_done = 0  # the counters a worker reports in its heartbeat
+        self.decode_tokens_done = 0
         self.bill_start: float | None = 0.0
         self.billed_s = 0.0
 
@@ -444,6 +446,7 @@ class Simulator:
             inst.run_left -= k
             inst.run_ctx += k
             inst.left_sum -= batch * k
+            inst.decode_tokens_done += batch * k
             self.log.tokens_out[inst.run_ids] += k
             done = inst.run_left <= 0
             if done.any():
@@ -452,6 +455,7 @@ class Simulator:
         inst.step_prefills = []
         local: list[int] = []
         for req, handoff in prefills:
+            inst.prefill_tokens_done += int(self.prompt[req])
             self.log.first_token_s[req] = t
             self.log.tokens_out[req] += 1
             if self.output[req] == 1:

@@ -10,20 +10,20 @@ on a plan: each move takes its instance out of service for the move's cost.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from fleetshift_common.errors import NotFound
 from fleetshift_daemon.core import planner as pl
 from fleetshift_daemon.core import plans
 from fleetshift_daemon.core import routing as rt
 from fleetshift_daemon.core.estimator import OutputLengthEstimator
+from fleetshift_daemon.core.planning_cycle import PlanningCycle, demand_from_traffic
 from fleetshift_daemon.core.traffic import TrafficConfig, TrafficMonitor
 from fleetshift_daemon.sim.engine import Instance, Role, Simulator
 from fleetshift_daemon.sim.metrics import unloaded_times
-from fleetshift_daemon.sim.policies import balanced_split, least_busy, observed_mix
+from fleetshift_daemon.sim.policies import least_busy, observed_mix
 
 _TO_RT = {Role.MIXED: rt.Role.MIXED, Role.PREFILL: rt.Role.PREFILL, Role.DECODE: rt.Role.DECODE}
 _FROM_RT = {v: k for k, v in _TO_RT.items()}
@@ -156,21 +156,6 @@ class RouterPolicy:
         return None
 
 
-PlacementFn = Callable[[Simulator, float], Sequence[Role]]
-
-
-def split_for_window(window_s: float) -> PlacementFn:
-    """Hindsight: the balanced split for the mix that will arrive in the next window."""
-
-    def place(sim: Simulator, t: float) -> Sequence[Role]:
-        return balanced_split(sim, observed_mix(sim, t, t + window_s))
-
-    return place
-
-
-# -- planning -----------------------------------------------------------------------------------
-
-
 def node_name(node: int) -> str:
     return f"n{node}"
 
@@ -266,7 +251,14 @@ def demand_of(sim: Simulator, start_s: float, end_s: float) -> pl.ModelDemand:
 
 
 class FleetShift(RouterPolicy):
-    """Router + traffic monitor + planner, replanning every ``tick_s`` of simulated time."""
+    """Router + traffic monitor + the daemon's planning cycle, every ``tick_s`` of sim time.
+
+    Each tick is one pass of the daemon's periodic job (``core.planning_cycle``): the
+    traffic window (fed by the router's calls and by per-worker token counters, as
+    heartbeats would) becomes demand, the planner solves for the best placement, efficiency
+    is published and the hysteresis gate decides whether the plan is proposed. A proposed
+    plan is acted out make-before-break (see ``plan_orders``).
+    """
 
     name = "fleetshift"
 
@@ -276,62 +268,66 @@ class FleetShift(RouterPolicy):
         window_s: float = 300.0,
         deploy_window_s: float = 300.0,
         seed: int = 0,
-        mover: Mover | None = None,
         keep_all: bool = False,
+        hysteresis: plans.HysteresisConfig | None = None,
+        costs: plans.MoveCostModel | None = None,
     ) -> None:
         super().__init__(hindsight_outputs=False, seed=seed)
-        self.keep_all = keep_all
-        if keep_all:
-            self.name = "fleetshift-all"
         self.tick_s = tick_s
         self.window_s = window_s
         self.deploy_window_s = deploy_window_s
-        self.mover = mover
+        self.keep_all = keep_all
+        if keep_all:
+            self.name = "fleetshift-all"
+        self.hysteresis = hysteresis
+        self.costs = costs or plans.MoveCostModel()
+        self.decisions: list[tuple[float, str]] = []
         self._fed_until = 0.0
 
     def setup(self, sim: Simulator) -> None:
         self.traffic = TrafficMonitor(self.clock, TrafficConfig(window_s=self.window_s))
         self.estimator = OutputLengthEstimator()
-        self.planner = pl.Planner(
-            sim.model, pl.PlannerConfig(max_decode_batch=sim.config.max_batch)
-        )
-        if self.mover is None:
-            self.mover = default_mover(self.clock)
+        planner = pl.Planner(sim.model, pl.PlannerConfig(max_decode_batch=sim.config.max_batch))
+        gate = plans.Hysteresis(self.clock, self.hysteresis)
+        self.cycle = PlanningCycle(planner, sim.model, gate, self.costs)
         # Deploy time: the planner's best placement for the first window's mix, the same
         # knowledge the static split is deployed with. Free: nothing is running yet.
         inp = planning_input_for(sim, demand_of(sim, 0.0, self.deploy_window_s), self.keep_all)
-        solution = self.planner.solve(inp, pl.Placement())
+        solution = planner.solve(inp, pl.Placement())
         for inst, role in zip(sim.instances, target_roles(sim, solution.placement), strict=True):
             inst.role = role
             if role is Role.OFF:
                 inst.bill_start = None
         super().setup(sim)
 
-    def _feed_completions(self, sim: Simulator, t: float) -> None:
-        assert self.estimator is not None
+    def _heartbeat(self, sim: Simulator, t: float) -> None:
+        """What the agents would report: completions (for the estimator) and token counters."""
+        assert self.estimator is not None and self.traffic is not None
         fin = sim.log.finish_s
         done = np.flatnonzero((fin > self._fed_until) & (fin <= t))
         name = sim.fleet.arch.name
         for req in done[np.argsort(fin[done], kind="stable")]:
             self.estimator.observe_completion(name, int(sim.prompt[req]), int(sim.output[req]))
         self._fed_until = t
+        for inst in sim.instances:
+            self.traffic.observe_counters(
+                worker_id(inst), name, inst.prefill_tokens_done, inst.decode_tokens_done
+            )
 
     def on_tick(self, sim: Simulator, t: float) -> None:
         self.clock.now = t
-        self._feed_completions(sim, t)
-        if self.traffic is None:
+        self._heartbeat(sim, t)
+        assert self.traffic is not None
+        demand = demand_from_traffic(self.traffic, [sim.fleet.arch.name])[0]
+        if demand.arrival_rate_per_s <= 0:
             return
-        try:
-            stats = self.traffic.stats(sim.fleet.arch.name)
-        except NotFound:
-            return
-        if stats.requests == 0:
-            return
-        inp = planning_input_for(sim, pl.ModelDemand.from_stats(stats), self.keep_all)
-        report = self.planner.efficiency(inp, current_placement(sim))
+        inp = planning_input_for(sim, demand, self.keep_all)
+        report = self.cycle.run(inp, current_placement(sim))
         sim.efficiency.append((t, report.efficiency))
-        assert self.mover is not None
-        for idx, role, kind, cost, delay in self.mover(sim, t, report, inp):
+        if not report.decision.propose:
+            return
+        self.decisions.append((t, report.decision.reason))
+        for idx, role, kind, cost, delay in plan_orders(sim, report.plan):
             inst = sim.instances[idx]
             if delay <= 0:
                 sim.set_role(inst, role, t, kind, cost)
@@ -341,72 +337,41 @@ class FleetShift(RouterPolicy):
 
 # instance, new role, kind of move, seconds out of service, delay before it takes effect
 MoveOrder = tuple[int, Role, str, float, float]
-Mover = Callable[[Simulator, float, pl.EfficiencyReport, pl.PlanningInput], list[MoveOrder]]
 
 
-def default_mover(clock: SimClock) -> Mover:
-    return PlansMover(clock)
+def plan_orders(sim: Simulator, plan: plans.Plan) -> list[MoveOrder]:
+    """A plan's moves as instance role changes, played make-before-break.
 
-
-class PlansMover:
-    """The daemon's own plan builder and hysteresis gate (``core.plans``), acted out in time.
-
-    Each move of a proposed plan is played make-before-break: a new or moved worker's
-    instance is billed and out of service for the move's duration; the instance it replaces
-    keeps serving until then and only then stops taking work (it finishes what it holds).
-    A role change in place takes its instance out for the move's duration. Sessions of a
-    moved worker are not carried over in the simulation: they finish where they are, which
-    costs the source a drain instead of the destination a KV recompute.
+    A new or moved worker's instance is billed and out of service for the move's duration;
+    the instance it replaces keeps serving until then and only then stops taking work (it
+    finishes what it holds). A role change in place takes its instance out for the move's
+    duration; stops wait for every start. Sessions of a moved worker are not carried over in
+    the simulation: they finish where they are (a drain, instead of a KV recompute).
     """
-
-    def __init__(
-        self,
-        clock: SimClock,
-        hysteresis: plans.HysteresisConfig | None = None,
-        costs: plans.MoveCostModel | None = None,
-    ) -> None:
-        self.costs = costs or plans.MoveCostModel()
-        self.gate = plans.Hysteresis(clock, hysteresis)
-        self.decisions: list[tuple[float, str]] = []
-
-    def __call__(
-        self, sim: Simulator, t: float, report: pl.EfficiencyReport, inp: pl.PlanningInput
-    ) -> list[MoveOrder]:
-        planner = pl.Planner(sim.model, pl.PlannerConfig(max_decode_batch=sim.config.max_batch))
-        plan = plans.build_plan(
-            planner, sim.model, inp, current_placement(sim), best=report.best, costs=self.costs
-        )
-        decision = self.gate.observe(report.efficiency, plan)
-        if not decision.propose:
-            return []
-        self.decisions.append((t, decision.reason))
-        return self._orders(sim, plan)
-
-    def _orders(self, sim: Simulator, plan: plans.Plan) -> list[MoveOrder]:
-        by_id = {worker_id(i): i for i in sim.instances}
-        claimed: set[int] = set()
-        orders: list[MoveOrder] = []
-        last_up = max(
-            (m.duration_s for m in plan.moves if m.kind is not plans.MoveKind.STOP), default=0.0
-        )
-        for m in plan.moves:
-            src = by_id.get(m.source.worker_id or "") if m.source else None
-            if m.kind is plans.MoveKind.ROLE_CHANGE and src is not None and m.target is not None:
-                orders.append((src.idx, _FROM_RT[m.target.role], m.kind.value, m.duration_s, 0.0))
-                continue
-            if m.kind is plans.MoveKind.STOP:
-                if src is not None:
-                    orders.append((src.idx, Role.OFF, m.kind.value, 0.0, last_up))
-                continue
-            assert m.target is not None
-            dst = _free_instance(sim, m.target, claimed)
-            if dst is None:
-                continue
-            claimed.add(dst.idx)
-            orders.append((dst.idx, _FROM_RT[m.target.role], m.kind.value, m.duration_s, 0.0))
+    by_id = {worker_id(i): i for i in sim.instances}
+    claimed: set[int] = set()
+    orders: list[MoveOrder] = []
+    last_up = max(
+        (m.duration_s for m in plan.moves if m.kind is not plans.MoveKind.STOP), default=0.0
+    )
+    for m in plan.moves:
+        src = by_id.get(m.source.worker_id or "") if m.source else None
+        if m.kind is plans.MoveKind.ROLE_CHANGE and src is not None and m.target is not None:
+            orders.append((src.idx, _FROM_RT[m.target.role], m.kind.value, m.duration_s, 0.0))
+            continue
+        if m.kind is plans.MoveKind.STOP:
             if src is not None:
-                orders.append((src.idx, Role.OFF, "retire", 0.0, m.duration_s))
-        return orders
+                orders.append((src.idx, Role.OFF, m.kind.value, 0.0, last_up))
+            continue
+        assert m.target is not None
+        dst = _free_instance(sim, m.target, claimed)
+        if dst is None:
+            continue
+        claimed.add(dst.idx)
+        orders.append((dst.idx, _FROM_RT[m.target.role], m.kind.value, m.duration_s, 0.0))
+        if src is not None:
+            orders.append((src.idx, Role.OFF, "retire", 0.0, m.duration_s))
+    return orders
 
 
 def _free_instance(sim: Simulator, w: pl.PlacedWorker, claimed: set[int]) -> Instance | None:
