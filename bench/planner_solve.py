@@ -6,7 +6,7 @@ placement (fill each kind's GPUs with mixed workers of the model with the most u
 followed by the same evaluation; the printed ratio is MILP solve time / greedy time, and the
 goodput and $/hour of both placements are printed so the time buys something visible.
 
-    .venv/bin/python bench/planner_solve.py [--repeats 3]
+    .venv/bin/python bench/planner_solve.py [--repeats 3] [--rate 30] [--plan]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from fleetshift_daemon.core.planner import (
     SloTarget,
     planning_input,
 )
+from fleetshift_daemon.core.plans import build_plan
 from fleetshift_daemon.core.routing import Role
 
 RATE = 6.0  # requests/s per model per 100 GPUs (x1..x3 by model); --rate changes it
@@ -107,7 +108,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sizes", default="100,1000,10000")
     ap.add_argument("--rate", type=float, default=RATE)
+    ap.add_argument("--plan", action="store_true", help="also time build_plan greedy -> best")
     args = ap.parse_args()
+    plans: list[tuple[int, float, int, float]] = []
     globals()["RATE"] = args.rate
     planner = Planner(PerfModel())
     print(
@@ -136,6 +139,27 @@ def main() -> None:
             f"{g_eval.goodput_tokens_per_s:>14,.0f} {sol.evaluation.cost_per_hour:>9,.0f} "
             f"{g_eval.cost_per_hour:>10,.0f} {len(sol.unplaced):>8} {sol.status}"
         )
+        if args.plan:
+            plans.append((size, *time_plan(planner, inp, g)))
+    for size, secs, n_moves, eff in plans:
+        print(
+            f"plan greedy -> best, {size} GPUs: {n_moves} moves priced with marginal gains in "
+            f"{secs:.2f} s (efficiency of the greedy placement {eff:.2f})"
+        )
+
+
+def time_plan(planner: Planner, inp: PlanningInput, g: Placement) -> tuple[float, int, float]:
+    """build_plan from the greedy placement (as running workers) to the best placement."""
+    perf = PerfModel()
+    current = Placement(
+        tuple(
+            PlacedWorker(w.model, w.role, w.gpu_kind, w.tp, w.dtype, w.node, f"w{i}", 8, 8000)
+            for i, w in enumerate(g.workers)
+        )
+    )
+    t0 = time.perf_counter()
+    plan = build_plan(Planner(perf), perf, inp, current)
+    return time.perf_counter() - t0, len(plan.moves), plan.efficiency_before
 
 
 if __name__ == "__main__":
