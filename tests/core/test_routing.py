@@ -5,7 +5,7 @@ import pytest
 from fleetshift_common.errors import InvalidArgument, NotFound
 from fleetshift_daemon.core.estimator import OutputLengthEstimator
 from fleetshift_daemon.core.gpus import A100_SXM_80GB, H100_SXM, H200_SXM, GpuKind
-from fleetshift_daemon.core.perfmodel import Deployment, PerfModel, llama2_70b
+from fleetshift_daemon.core.perfmodel import Deployment, ModelArch, PerfModel, llama2_70b
 from fleetshift_daemon.core.routing import (
     Role,
     Router,
@@ -149,3 +149,13 @@ def test_odd_workers_are_left_out_and_reported_not_fatal() -> None:
     assert {s.worker_id for s in skipped} == {"ghost", "nofit"}
     assert "gpt-9" in next(s.reason for s in skipped if s.worker_id == "ghost")
     assert r.route(RouteRequest(MODEL, 100, 10)).worker_id == "tight"
+
+
+def test_a_model_added_later_is_routed_after_the_next_fleet_update() -> None:
+    small = ModelArch("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 128)
+    r = router(worker("h100", H100_SXM))
+    w8 = WorkerView("s1", "n9", small.name, Role.MIXED, H100_SXM, 1)
+    assert r.update_fleet([worker("h100", H100_SXM), w8])[0].worker_id == "s1"
+    r.set_models([llama2_70b(), small])
+    assert r.update_fleet([worker("h100", H100_SXM), w8]) == ()
+    assert r.route(RouteRequest(small.name, 100, 10)).worker_id == "s1"

@@ -88,3 +88,11 @@ def test_unknown_model_and_bad_input() -> None:
     with pytest.raises(InvalidArgument) as exc2:
         mon.observe_request("m", 0, 1)
     assert exc2.value.field == "prompt_tokens"
+
+
+def test_all_stats_covers_every_model_seen() -> None:
+    mon = TrafficMonitor(Clock())
+    mon.observe_request("a", 10, 1)
+    mon.observe_request("b", 20, 2)
+    assert set(mon.all_stats()) == {"a", "b"}
+    assert mon.all_stats()["b"].prompt.mean == 20

@@ -237,6 +237,10 @@ class Router:
 
     # -- fleet view -------------------------------------------------------------------------
 
+    def set_models(self, models: Iterable[ModelArch]) -> None:
+        """Architectures the router can model; takes effect at the next ``update_fleet``."""
+        self._archs = {m.name: m for m in models}
+
     def update_fleet(self, workers: Sequence[WorkerView]) -> tuple[SkippedWorker, ...]:
         """Replace the whole view (registry change). O(workers); not on the per-call path.
 

@@ -151,6 +151,9 @@ class TrafficMonitor:
         with self._lock:
             return tuple(sorted(self._models))
 
+    def all_stats(self) -> dict[str, TrafficStats]:
+        return {m: self.stats(m) for m in self.models()}
+
     def stats(self, model: str) -> TrafficStats:
         now = self._clock()
         with self._lock:
