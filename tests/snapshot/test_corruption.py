@@ -7,6 +7,7 @@ import io
 import json
 import os
 import pickle
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -267,3 +268,23 @@ def test_manifest_dropping_a_shard_is_refused(write_sample) -> None:
     with pytest.raises(SnapshotCorrupt, match=r"tensor group 'kv'.*shards") as exc_info:
         open_snapshot(snap)
     assert exc_info.value.file == "manifest.json"
+
+
+def test_file_changed_after_verify_is_caught_by_load(snap: Path) -> None:
+    opened = open_snapshot(snap)
+    opened.verify()
+    assert set(opened.load_tensors("weights")) == {
+        "embed",
+        "layers.0.attn.q",
+        "layers.0.mlp.up",
+        "norm",
+        "scale",
+    }
+    time.sleep(0.02)  # past the filesystem's timestamp granularity
+    with open(snap / WEIGHTS, "r+b") as f:  # rewritten in place, same size
+        f.seek(-5, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-5, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0x10]))
+    with pytest.raises(SnapshotCorrupt, match="SHA-256 mismatch"):
+        opened.load_tensors("weights")

@@ -86,7 +86,11 @@ def _size_problem(actual: int, expected: int) -> str:
     return f"size mismatch: {actual} bytes on disk, manifest says {expected}"
 
 
-def _open_checked(path: Path, expected_size: int) -> int:
+# (device, inode, size, mtime, ctime): any write to the file, or a replacement, changes it
+Identity = tuple[int, int, int, int, int]
+
+
+def _open_checked(path: Path, expected_size: int) -> tuple[int, Identity]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -98,7 +102,7 @@ def _open_checked(path: Path, expected_size: int) -> int:
         os.close(fd)
         raise FileProblem(_size_problem(st.st_size, expected_size))
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-    return fd
+    return fd, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _check_digest(sha: Any, expected_sha: str) -> None:
@@ -140,7 +144,7 @@ def _pipelined(
 
 def read_verified(path: Path, expected_size: int, expected_sha: str, into: memoryview) -> None:
     """Fill ``into`` (exactly ``expected_size`` bytes) from the file, checking size and digest."""
-    fd = _open_checked(path, expected_size)
+    fd, _ = _open_checked(path, expected_size)
     try:
         with ThreadPoolExecutor(1) as pool:
             sha = _pipelined(fd, expected_size, pool, lambda s, n: into[s : s + n])
@@ -149,22 +153,24 @@ def read_verified(path: Path, expected_size: int, expected_sha: str, into: memor
     _check_digest(sha, expected_sha)
 
 
-def hash_verified(path: Path, expected_size: int, expected_sha: str) -> None:
-    """Check size and digest of a file without keeping its bytes (two rotating buffers)."""
-    fd = _open_checked(path, expected_size)
-    buffers = [memoryview(bytearray(min(CHUNK, max(expected_size, 1)))) for _ in range(2)]
-    turn = [0]
-
-    def slot(_start: int, length: int) -> memoryview:
-        turn[0] ^= 1
-        return buffers[turn[0]][:length]
-
+def hash_verified(path: Path, expected_size: int, expected_sha: str) -> Identity:
+    """Check size and digest of a file without copying its bytes (hashed through a read-only
+    mapping); returns the identity of the file that was checked."""
+    fd, identity = _open_checked(path, expected_size)
     try:
-        with ThreadPoolExecutor(1) as pool:
-            sha = _pipelined(fd, expected_size, pool, slot)
+        if expected_size == 0:
+            _check_digest(hashlib.sha256(), expected_sha)
+            return identity
+        with mmap.mmap(fd, expected_size, access=mmap.ACCESS_READ) as mapping:
+            mapping.madvise(mmap.MADV_WILLNEED)
+            view = memoryview(mapping)
+            try:
+                _hash_mapping(view, expected_sha)
+            finally:
+                view.release()
     finally:
         os.close(fd)
-    _check_digest(sha, expected_sha)
+    return identity
 
 
 def _hash_mapping(view: memoryview, expected_sha: str) -> None:
@@ -174,26 +180,31 @@ def _hash_mapping(view: memoryview, expected_sha: str) -> None:
     _check_digest(sha, expected_sha)
 
 
-def map_verified(path: Path, expected_size: int, expected_sha: str) -> np.ndarray:
+def map_verified(
+    path: Path, expected_size: int, expected_sha: str, verified: Identity | None = None
+) -> tuple[np.ndarray, Identity]:
     """Map the file copy-on-write, hash it through the mapping, return it as a uint8 array.
 
     The bytes are not copied into anonymous memory: pages come from the page cache (the
     kernel reads ahead while the hash runs), and writing to the returned array (or to
     tensors viewing it) copies only the touched pages, never the file. The caller must keep
     snapshot files immutable while mapped (the store never rewrites or truncates them).
+    If ``verified`` is the identity of this very file as an earlier check saw it (same inode,
+    size, mtime and ctime: nothing has written to it since), the hash is not repeated.
     """
-    fd = _open_checked(path, expected_size)
+    fd, identity = _open_checked(path, expected_size)
     try:
         if expected_size == 0:
             _check_digest(hashlib.sha256(), expected_sha)
-            return np.empty(0, dtype=np.uint8)
+            return np.empty(0, dtype=np.uint8), identity
         mapping = mmap.mmap(fd, expected_size, access=mmap.ACCESS_COPY)
     finally:
         os.close(fd)
     mapping.madvise(mmap.MADV_WILLNEED)
     array = np.frombuffer(mapping, dtype=np.uint8)
-    _hash_mapping(memoryview(array), expected_sha)
-    return array
+    if identity != verified:
+        _hash_mapping(memoryview(array), expected_sha)
+    return array, identity
 
 
 def read_small_verified(path: Path, expected_size: int, expected_sha: str) -> bytes:

@@ -32,6 +32,7 @@ from fleetshift_agent.snapshot.errors import (
 )
 from fleetshift_agent.snapshot.fileio import (
     FileProblem,
+    Identity,
     hash_verified,
     map_verified,
     read_small_verified,
@@ -79,6 +80,9 @@ class Snapshot:
     def __init__(self, path: Path, manifest: Manifest) -> None:
         self.path = path
         self.manifest = manifest
+        # files whose digest this object checked, by identity: a mapped load of an unchanged
+        # file after verify() does not hash it a second time
+        self._verified: dict[str, Identity] = {}
 
     @property
     def snapshot_id(self) -> str:
@@ -116,12 +120,14 @@ class Snapshot:
 
     def _verify_file(self, name: str) -> None:
         entry = self.manifest.files[name]
+        self._verified.pop(name, None)
         try:
-            hash_verified(self.path / name, entry.size, entry.sha256)
+            identity = hash_verified(self.path / name, entry.size, entry.sha256)
         except FileProblem as exc:
             raise self._corrupt(name, exc.problem) from None
         if name.startswith("tensors/"):
             self._check_tensor_header(name, entry)
+        self._verified[name] = identity
 
     def _check_structure(self) -> None:
         listed = self.manifest.files
@@ -217,7 +223,9 @@ class Snapshot:
     def _map_file(self, name: str) -> dict[str, torch.Tensor]:
         entry = self.manifest.files[name]
         try:
-            buffer = map_verified(self.path / name, entry.size, entry.sha256)
+            buffer, self._verified[name] = map_verified(
+                self.path / name, entry.size, entry.sha256, self._verified.get(name)
+            )
         except FileProblem as exc:
             raise self._corrupt(name, exc.problem) from None
         return self._tensors_of(name, buffer)
