@@ -6,7 +6,7 @@ import pytest
 
 from fleetshift_common.errors import InvalidArgument, NotFound
 from fleetshift_daemon.core.gpus import A100_SXM_80GB, H100_SXM, H200_SXM, L40S
-from fleetshift_daemon.core.perfmodel import ModelArch, PerfModel, llama2_70b
+from fleetshift_daemon.core.perfmodel import Deployment, ModelArch, PerfModel, llama2_70b
 from fleetshift_daemon.core.planner import (
     ModelDemand,
     ModelSpec,
@@ -171,3 +171,27 @@ def test_unsatisfiable_minimum_workers_fail_naming_the_field() -> None:
     with pytest.raises(FailedPrecondition) as exc:
         Planner(PerfModel()).solve(inp)
     assert exc.value.field == "min_workers"
+
+
+def test_worker_capacities_keep_the_slo_they_are_computed_for() -> None:
+    planner = Planner(PerfModel())
+    slo = SloTarget(ttft_ms=1500, tbt_ms=60)
+    inp = planning_input(
+        h100_h200_fleet(),
+        [ModelSpec(llama2_70b())],
+        [ModelDemand(M70, 10.0, 3000, 400)],
+        default_slo=slo,
+    )
+    perf = PerfModel()
+    opts = planner.options(inp)
+    assert opts
+    for o in opts:
+        dep = Deployment(llama2_70b(), o.gpu, o.tp, o.key[4])
+        # one prompt alone fits in the prefill share of the TTFT budget
+        if o.prefill_tokens_per_s > 0:
+            assert perf.prefill_time_s(dep, [3000]) <= slo.ttft_ms / 1e3
+        # the decode batch the capacity assumes keeps the TBT SLO and fits in KV
+        if o.decode_tokens_per_s > 0:
+            b = o.decode_batch
+            assert perf.decode_step_time_s(dep, b, b * 3200) <= slo.tbt_ms / 1e3
+            assert b * 3400 <= perf.kv_capacity_tokens(dep)

@@ -277,6 +277,9 @@ class Planner:
             budget = slo.ttft_ms / 1e3 * cfg.prefill_budget_fraction / cp
             per_prompt = co.p_tok * prompt + co.p_sq * prompt * prompt + co.p_seq
             n = min(math.floor((budget - co.p0) / per_prompt), cfg.max_prefill_batch)
+            # the closed form ignores the long-pass knee: step down until the pass fits
+            while n >= 1 and co.prefill_s(n * prompt, n * prompt * prompt, n) > budget:
+                n -= 1
             if n < 1:
                 return None
             t = co.prefill_s(n * prompt, n * prompt * prompt, n) * cp
