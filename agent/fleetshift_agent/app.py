@@ -18,6 +18,10 @@ from fleetshift_agent.membership import Backoff, Membership
 from fleetshift_common.config import AgentConfig
 from fleetshift_common.lifecycle import write_port_file
 from fleetshift_common.sdnotify import SdNotifier, watchdog_interval
+from fleetshift_rpc.auth import ServerSecurity, server_security
+from fleetshift_rpc.metrics import AgentMetrics, MetricsEndpoint, start_metrics_server
+from fleetshift_rpc.ratelimit import RateLimit
+from fleetshift_rpc.security import PrincipalKind
 from fleetshift_rpc.server import RunningServer, start_server
 
 log = logging.getLogger("fleetshift.agent")
@@ -30,7 +34,15 @@ class Agent:
     notifier: SdNotifier = field(default_factory=SdNotifier.from_env)
     server: RunningServer | None = None
     membership: Membership | None = None
+    security: ServerSecurity | None = None
+    metrics: AgentMetrics = field(init=False)
+    metrics_endpoint: MetricsEndpoint | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.metrics = AgentMetrics(
+            node=self.config.node_name, version=package_version("fleetshift")
+        )
 
     @property
     def port(self) -> int:
@@ -46,17 +58,38 @@ class Agent:
 
     async def start(self) -> None:
         cfg = self.config
+        self.security = server_security(
+            listen=cfg.listen,
+            tls_cert=cfg.tls_cert,
+            tls_key=cfg.tls_key,
+            tls_ca=cfg.tls_ca,
+            read_only_open=cfg.read_only_open,
+            rate_limit=RateLimit(
+                cfg.rate_limit_per_s, cfg.rate_limit_burst, cfg.rate_limit_max_clients
+            ),
+            expect=(PrincipalKind.NODE, cfg.node_name),
+            on_refused=self.metrics.refused,
+        )
         if self.inventory is None:
             self.inventory = await asyncio.to_thread(discover, cfg)
         self.server = await start_server(
-            cfg.listen, [service.binding(self._info)], cfg.max_message_bytes
+            cfg.listen,
+            [service.binding(self._info)],
+            cfg.max_message_bytes,
+            self.security.credentials,
+            self.security.interceptors,
         )
+        if cfg.metrics_listen:
+            host, _, port = cfg.metrics_listen.rpartition(":")
+            self.metrics_endpoint = start_metrics_server(self.metrics.registry, int(port), host)
+        tls = self.security.tls
         self.membership = Membership(
             cfg.daemon_address,
             self._registration,
             self._heartbeat,
             Backoff(cfg.reconnect_initial_s, cfg.reconnect_max_s),
             cfg.max_message_bytes,
+            tls.channel_credentials() if tls else None,
         )
         self._tasks.append(asyncio.create_task(self.membership.run()))
         interval = watchdog_interval()
@@ -138,3 +171,5 @@ class Agent:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.server:
             await self.server.server.stop(grace_s)
+        if self.metrics_endpoint:
+            self.metrics_endpoint.stop()

@@ -54,17 +54,19 @@ class Membership:
         heartbeat: Callable[[], pb.HeartbeatRequest],
         backoff: Backoff,
         max_message_bytes: int,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self._address = daemon_address
         self._registration = registration
         self._heartbeat = heartbeat
         self._backoff = backoff
         self._max_message_bytes = max_message_bytes
+        self._credentials = credentials
         self.registered = asyncio.Event()
         self.registrations = 0  # how many times this process registered (observability)
 
     async def run(self) -> None:
-        async with channel(self._address, self._max_message_bytes) as ch:
+        async with channel(self._address, self._max_message_bytes, self._credentials) as ch:
             stub = pb_grpc.AgentRegistryStub(ch)
             delays = self._backoff.delays()
             while True:

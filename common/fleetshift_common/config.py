@@ -41,6 +41,13 @@ def _check_address(name: str, value: str) -> None:
         raise ConfigError(f"config key '{name}' must be host:port, got {value!r}", field=name)
 
 
+def _check_optional_addresses(config: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if value:
+            _check_address(name, value)
+
+
 @dataclasses.dataclass(frozen=True)
 class DeclaredGpu:
     """GPUs written in an agent's config for a machine without NVML (tests, demos, CPU nodes)."""
@@ -138,6 +145,17 @@ class DaemonConfig:
     models: tuple[ModelConfig, ...] = ()
     planner: PlannerSettings = PlannerSettings()
     gpu_prices: tuple[GpuPrice, ...] = ()
+    # Security (docs/security.md): mTLS when all three TLS files are set, else loopback only.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    read_only_open: bool = False
+    rate_limit_per_s: float = 50.0
+    rate_limit_burst: int = 100
+    rate_limit_max_clients: int = 10_000
+    metrics_listen: str = ""  # host:port of the Prometheus endpoint; empty: none
+    operator_listen: str = ""  # TLS-only port for operators with bearer tokens
+    operator_tokens_file: str = ""
 
     def __post_init__(self) -> None:
         _check_address("listen", self.listen)
@@ -150,6 +168,7 @@ class DaemonConfig:
                 field="node_lost_after_s",
             )
         _check_positive("max_message_bytes", self.max_message_bytes)
+        _check_optional_addresses(self, ("metrics_listen", "operator_listen"))
         if self.log_format not in ("auto", "json", "text"):
             raise ConfigError(
                 "config key 'log_format' must be auto, json or text", field="log_format"
@@ -174,10 +193,23 @@ class AgentConfig:
     max_message_bytes: int = 4 * MiB
     port_file: str = ""
     log_format: str = "auto"
+    # Workers (the reference engine) this agent starts on the daemon's command.
+    worker_compile: bool = True
+    worker_threads: int = 0  # torch threads per worker; 0: torch's default
+    # Security (docs/security.md): mTLS when all three TLS files are set, else loopback only.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    read_only_open: bool = False
+    rate_limit_per_s: float = 50.0
+    rate_limit_burst: int = 100
+    rate_limit_max_clients: int = 10_000
+    metrics_listen: str = ""  # host:port of the Prometheus endpoint; empty: none
 
     def __post_init__(self) -> None:
         _check_address("listen", self.listen)
         _check_address("daemon_address", self.daemon_address)
+        _check_optional_addresses(self, ("metrics_listen",))
         if self.advertise_address:
             _check_address("advertise_address", self.advertise_address)
         if self.inventory not in ("auto", "nvml", "declared"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,9 +22,14 @@ from fleetshift_common.config import DaemonConfig
 from fleetshift_common.lifecycle import write_port_file
 from fleetshift_common.sdnotify import SdNotifier, watchdog_interval
 from fleetshift_daemon.api import fleet as fleet_api
+from fleetshift_daemon.core.fleet import NodeState
+from fleetshift_daemon.core.gpus import GpuCatalogue, default_catalogue
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
+from fleetshift_rpc.auth import ServerSecurity, server_security
+from fleetshift_rpc.metrics import DaemonMetrics, MetricsEndpoint, start_metrics_server
+from fleetshift_rpc.ratelimit import RateLimit
 from fleetshift_rpc.server import RunningServer, ServiceBinding, start_server
 
 log = logging.getLogger("fleetshift.daemon")
@@ -37,6 +43,11 @@ class Daemon:
     engine: Engine | None = None
     registry: Registry | None = None
     server: RunningServer | None = None
+    operator_server: RunningServer | None = None
+    metrics: DaemonMetrics = field(default_factory=DaemonMetrics)
+    metrics_endpoint: MetricsEndpoint | None = None
+    security: ServerSecurity | None = None
+    catalogue: GpuCatalogue = field(default_factory=default_catalogue)
     _scheduler: AsyncIOScheduler | None = None
     _watchdog: asyncio.Task[None] | None = None
 
@@ -47,13 +58,13 @@ class Daemon:
 
     async def start(self) -> None:
         cfg = self.config
+        self.security = self._security()  # config errors surface before any database work
         self.engine = make_engine(cfg.effective_database_url)
         await asyncio.to_thread(upgrade, self.engine)
         self.registry = Registry(SqlRegistryStore(self.engine), self.clock, cfg.node_lost_after_s)
         await asyncio.to_thread(self.registry.load)
-        self.server = await start_server(cfg.listen, self._bindings(), cfg.max_message_bytes)
+        await self._serve()
         self._start_jobs()
-        await self.server.set_serving(True)
         write_port_file(cfg.port_file, self.server.port)
         self.notifier.ready(f"serving on port {self.server.port}")
         log.info(
@@ -61,10 +72,49 @@ class Daemon:
             extra={"port": self.server.port, "nodes": len(self.registry.nodes())},
         )
 
+    def _security(self) -> ServerSecurity:
+        cfg = self.config
+        return server_security(
+            listen=cfg.listen,
+            tls_cert=cfg.tls_cert,
+            tls_key=cfg.tls_key,
+            tls_ca=cfg.tls_ca,
+            operator_listen=cfg.operator_listen,
+            operator_tokens_file=cfg.operator_tokens_file,
+            read_only_open=cfg.read_only_open,
+            rate_limit=RateLimit(
+                cfg.rate_limit_per_s, cfg.rate_limit_burst, cfg.rate_limit_max_clients
+            ),
+            on_refused=self.metrics.refused,
+        )
+
+    async def _serve(self) -> None:
+        """Start the gRPC port(s) and the metrics endpoint; readiness is flipped by start()."""
+        cfg, sec = self.config, self.security
+        assert sec is not None
+        bindings = self._bindings()
+        self.server = await start_server(
+            cfg.listen, bindings, cfg.max_message_bytes, sec.credentials, sec.interceptors
+        )
+        if cfg.operator_listen:
+            self.operator_server = await start_server(
+                cfg.operator_listen,
+                bindings,
+                cfg.max_message_bytes,
+                sec.operator_credentials,
+                sec.interceptors,
+            )
+        if cfg.metrics_listen:
+            host, _, port = cfg.metrics_listen.rpartition(":")
+            self.metrics_endpoint = start_metrics_server(self.metrics.registry, int(port), host)
+        for server in (self.server, self.operator_server):
+            if server is not None:
+                await server.set_serving(True)
+
     def _bindings(self) -> list[ServiceBinding]:
         assert self.registry is not None
         interval_ms = int(self.config.heartbeat_interval_s * 1000)
-        return fleet_api.bindings(self.registry, interval_ms)
+        return fleet_api.bindings(self.registry, interval_ms, self.metrics)
 
     def _start_jobs(self) -> None:
         scheduler = AsyncIOScheduler()
@@ -91,6 +141,23 @@ class Daemon:
             return
         for name in turned:
             log.warning("node lost: no heartbeat within the timeout", extra={"node": name})
+        if turned:
+            self.metrics.node_lost(len(turned))
+        self._publish_fleet_metrics()
+
+    def _publish_fleet_metrics(self) -> None:
+        assert self.registry is not None
+        gpus: Counter[tuple[str, str]] = Counter()
+        nodes: Counter[str] = Counter()
+        for node in self.registry.nodes():
+            state = (
+                "cordoned" if node.cordoned and node.state is NodeState.READY else node.state.value
+            )
+            nodes[state] += 1
+            for gpu in node.gpus:
+                kind = self.catalogue.for_product(gpu.product_name)
+                gpus[(kind.name if kind else gpu.product_name, state)] += 1
+        self.metrics.set_fleet(gpus, nodes)
 
     async def _ping_watchdog(self, interval: float) -> None:
         while True:
@@ -103,9 +170,12 @@ class Daemon:
             self._watchdog.cancel()
         if self._scheduler:
             self._scheduler.shutdown(wait=False)
-        if self.server:
-            await self.server.set_serving(False)
-            await self.server.server.stop(grace_s)
+        for server in (self.server, self.operator_server):
+            if server is not None:
+                await server.set_serving(False)
+                await server.server.stop(grace_s)
+        if self.metrics_endpoint:
+            self.metrics_endpoint.stop()
         if self.registry:
             await asyncio.to_thread(self.registry.sweep)  # flush heartbeat times
         if self.engine:

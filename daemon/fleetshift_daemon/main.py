@@ -58,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         with engine.connect() as conn:
             command.revision(database.alembic_config(conn), args.message, autogenerate=True)
         return 0
-    asyncio.run(_serve(Daemon(config)))
+    try:
+        asyncio.run(_serve(Daemon(config)))
+    except ConfigError as err:  # security keys are checked when the servers are built
+        log.error("fleetshiftd: %s", err)
+        return 2
     return 0
 
 

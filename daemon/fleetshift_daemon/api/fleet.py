@@ -16,18 +16,24 @@ from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.api import convert
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_rpc.errors import rpc_errors
+from fleetshift_rpc.metrics import DaemonMetrics
+from fleetshift_rpc.security import require_node_identity
 from fleetshift_rpc.server import ServiceBinding
 
 
 class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
-    def __init__(self, registry: Registry, heartbeat_interval_ms: int) -> None:
+    def __init__(
+        self, registry: Registry, heartbeat_interval_ms: int, metrics: DaemonMetrics | None = None
+    ) -> None:
         self._registry = registry
         self._heartbeat_interval_ms = heartbeat_interval_ms
+        self._metrics = metrics
 
     @rpc_errors
     async def RegisterNode(
         self, request: pb.RegisterNodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterNodeResponse:
+        require_node_identity(request.node_name)  # node A's certificate cannot speak for B
         node, created = await asyncio.to_thread(
             self._registry.register, convert.registration(request)
         )
@@ -41,8 +47,12 @@ class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.HeartbeatResponse:
+        require_node_identity(request.node_name)
         workers = [convert.counters(w) for w in request.workers]
+        previous = self._registry.last_heartbeat(request.node_name)
         node = self._registry.heartbeat(request.node_name, workers)
+        if self._metrics is not None and previous is not None and node.last_heartbeat_at:
+            self._metrics.observe_heartbeat(node.last_heartbeat_at - previous)
         return pb.HeartbeatResponse(state=convert.node_pb(node).state, cordoned=node.cordoned)
 
 
@@ -85,11 +95,13 @@ class FleetOperatorServicer(pb_grpc.FleetOperatorServicer):
         return convert.node_pb(node)
 
 
-def bindings(registry: Registry, heartbeat_interval_ms: int) -> list[ServiceBinding]:
+def bindings(
+    registry: Registry, heartbeat_interval_ms: int, metrics: DaemonMetrics | None = None
+) -> list[ServiceBinding]:
     return [
         ServiceBinding(
             pb_grpc.add_AgentRegistryServicer_to_server,
-            AgentRegistryServicer(registry, heartbeat_interval_ms),
+            AgentRegistryServicer(registry, heartbeat_interval_ms, metrics),
             pb.DESCRIPTOR.services_by_name["AgentRegistry"].full_name,
         ),
         ServiceBinding(

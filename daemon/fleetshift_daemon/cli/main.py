@@ -19,18 +19,28 @@ from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift_daemon.cli.tables import nodes_table
 from fleetshift_daemon.localfleet import LocalFleet
+from fleetshift_rpc import pki
+from fleetshift_rpc.security import client_credentials
 
 # Piped output (CI logs, the README demo) is not a terminal: keep tables wide enough to read.
 console = Console(width=None if sys.stdout.isatty() else 140)
 
 
-def _operator(address: str) -> tuple[grpc.Channel, pb_grpc.FleetOperatorStub]:
-    ch = grpc.insecure_channel(address)
+def open_channel(args: argparse.Namespace) -> grpc.Channel:
+    """Plaintext to a loopback development daemon; TLS (+ certificate or token) otherwise."""
+    if not args.ca:
+        return grpc.insecure_channel(args.daemon)
+    creds = client_credentials(args.ca, args.cert, args.key, args.token)
+    return grpc.secure_channel(args.daemon, creds)
+
+
+def _operator(args: argparse.Namespace) -> tuple[grpc.Channel, pb_grpc.FleetOperatorStub]:
+    ch = open_channel(args)
     return ch, pb_grpc.FleetOperatorStub(ch)
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
-    ch, stub = _operator(args.daemon)
+    ch, stub = _operator(args)
     with ch:
         reply = stub.ListNodes(pb.ListNodesRequest(), timeout=args.timeout)
     console.print(nodes_table(reply.nodes))
@@ -38,7 +48,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 
 def cmd_cordon(args: argparse.Namespace) -> int:
-    ch, stub = _operator(args.daemon)
+    ch, stub = _operator(args)
     with ch:
         if args.command == "cordon":
             node = stub.CordonNode(
@@ -78,8 +88,18 @@ def _parser() -> argparse.ArgumentParser:
         help="daemon address (env FLEETSHIFT_DAEMON)",
     )
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
+    env = os.environ.get
+    parser.add_argument(
+        "--ca", default=env("FLEETSHIFT_CA", ""), help="fleet CA (env FLEETSHIFT_CA)"
+    )
+    parser.add_argument("--cert", default=env("FLEETSHIFT_CERT", ""), help="operator certificate")
+    parser.add_argument("--key", default=env("FLEETSHIFT_KEY", ""), help="its private key")
+    parser.add_argument(
+        "--token", default=env("FLEETSHIFT_TOKEN", ""), help="bearer token (env FLEETSHIFT_TOKEN)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("nodes", help="list the fleet's nodes").set_defaults(run=cmd_nodes)
+    sub.add_parser("certs", help="issue a CA and certificates: fleetshift certs --help")
     cordon = sub.add_parser("cordon", help="stop placing work on a node")
     cordon.add_argument("node")
     cordon.add_argument("--reason", default="")
@@ -95,6 +115,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["certs"]:  # fleetshift certs init-ca|issue-node|issue-operator ...
+        return pki.main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return int(args.run(args))

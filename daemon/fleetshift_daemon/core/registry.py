@@ -117,6 +117,11 @@ class Registry:
             self._unflushed[name] = now
             return node
 
+    def last_heartbeat(self, name: str) -> float | None:
+        """When the node was last heard from (None: unknown node or never)."""
+        node = self._nodes.get(name)
+        return node.last_heartbeat_at if node else None
+
     def set_cordon(self, name: str, cordoned: bool, reason: str = "") -> NodeRecord:
         check_node_name(name, self._limits)
         if len(reason) > self._limits.max_text * 4:
