@@ -16,13 +16,14 @@ from typing import Any
 
 import torch
 
+from fleetshift_agent.engine.compile_cache import GRAPH_ARTIFACT, load_artifacts, save_artifacts
 from fleetshift_agent.engine.config import EngineConfig, ModelConfig
 from fleetshift_agent.engine.engine import Clock, Engine
 from fleetshift_agent.engine.session import Session, SessionExport
 from fleetshift_agent.engine.weights import build_model
 from fleetshift_common.errors import AlreadyExists
 
-COMPILE_ARTIFACT = "compile_cache.bin"
+COMPILE_ARTIFACT = GRAPH_ARTIFACT
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,6 @@ class RestoreReport:
     kv_restored: tuple[str, ...]  # sessions whose KV came back; the rest are recomputed
     compiled_artifacts_loaded: bool
     kv_mismatch: tuple[str, ...]  # platform fields that made KV unusable, if any
-
-
-def compile_artifacts() -> bytes | None:
-    """The compiled-graph cache of this process, or None when nothing was compiled."""
-    saved = torch.compiler.save_cache_artifacts()
-    return None if saved is None else saved[0]
 
 
 def capture_state(engine: Engine, *, with_artifacts: bool = True) -> EngineState:
@@ -72,11 +67,7 @@ def capture_state(engine: Engine, *, with_artifacts: bool = True) -> EngineState
         "sessions": sessions,
         "queue": [s.session_id for s in engine.scheduler.waiting],
     }
-    artifacts: dict[str, bytes] = {}
-    if with_artifacts and engine.compiled:
-        blob = compile_artifacts()
-        if blob:
-            artifacts[COMPILE_ARTIFACT] = blob
+    artifacts = save_artifacts() if with_artifacts and engine.compiled else {}
     return EngineState({k: v for k, v in groups.items() if v}, json_parts, artifacts)
 
 
@@ -95,10 +86,7 @@ def restore_state(
     """
     meta = state.json_parts["engine"]
     cfg = config or EngineConfig.from_json(meta["config"])
-    loaded = False
-    if use_artifacts and cfg.compile and COMPILE_ARTIFACT in state.artifacts:
-        torch.compiler.load_cache_artifacts(state.artifacts[COMPILE_ARTIFACT])
-        loaded = True
+    loaded = use_artifacts and cfg.compile and load_artifacts(state.artifacts)
     mcfg = ModelConfig.from_hf(meta["model_config"])
     model = build_model(
         mcfg,

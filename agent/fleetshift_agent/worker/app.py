@@ -25,7 +25,7 @@ from fleetshift_agent.worker.runner import EngineRunner
 from fleetshift_agent.worker.service import ROLES, WorkerServicer, WorkerState, binding
 from fleetshift_agent.worker.snapshots import engine_from_snapshot
 from fleetshift_common.lifecycle import stop_event, write_port_file
-from fleetshift_rpc.server import start_server
+from fleetshift_rpc.server import RunningServer, start_server
 
 log = logging.getLogger("fleetshift.worker")
 
@@ -44,14 +44,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="torch.compile the step functions (env FLEETSHIFT_COMPILE=0 wins)",
+        default=None,
+        help="torch.compile the step functions (default: on for a new worker, as the "
+        "snapshot was for a restore; env FLEETSHIFT_COMPILE=0 wins)",
     )
     p.add_argument(
         "--compile-artifacts",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="on restore, load the snapshot's compiled-graph cache",
+        help="on restore, load the snapshot's compiled graphs and kernels (generated code: "
+        "loaded only after the SHA-256 check and on an identical platform)",
     )
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--num-blocks", type=int, default=512)
@@ -90,7 +92,7 @@ def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
         max_running=args.max_running,
         max_step_tokens=args.max_step_tokens,
         rows=args.rows,
-        compile=args.compile,
+        compile=args.compile is not False,
         device=args.device,
         dtype=args.dtype,
     )
@@ -102,26 +104,40 @@ async def serve(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     engine, restored_from = await asyncio.to_thread(build_engine, args)
+    built = time.monotonic()
     if args.warmup and engine.compiled:
         await asyncio.to_thread(engine.warm_up)
+    warmed = time.monotonic()
     loop = asyncio.get_running_loop()
     feeds = Feeds()
     for s in engine.live_sessions():
         feeds.create(s.session_id, s.generated)
-    runner = EngineRunner(engine, lambda events: loop.call_soon_threadsafe(feeds.publish, events))
+    server_ref: list[RunningServer] = []
+
+    def failed(exc: BaseException) -> None:
+        loop.call_soon_threadsafe(feeds.close_all, f"engine failed: {exc!r}")
+        if server_ref:
+            asyncio.run_coroutine_threadsafe(server_ref[0].set_serving(False), loop)
+
+    runner = EngineRunner(
+        engine, lambda events: loop.call_soon_threadsafe(feeds.publish, events), failed
+    )
     if args.start_paused:
         runner.set_paused(True)
     state = WorkerState(args.worker_id, ROLES[args.role], restored_from)
     servicer = WorkerServicer(runner, feeds, state, loop)
     server = await start_server(args.listen, [binding(servicer)], args.max_message_mb << 20)
+    server_ref.append(server)
     runner.start()
     await server.set_serving(True)
     write_port_file(args.port_file, server.port)
     log.info(
-        "worker %s ready on port %d in %.2f s",
+        "worker %s ready on port %d in %.2f s (load %.2f s, compile warm-up %.2f s)",
         args.worker_id,
         server.port,
         time.monotonic() - started,
+        built - started,
+        warmed - built,
     )
     stop = stop_event()
     await stop.wait()

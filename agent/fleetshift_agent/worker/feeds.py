@@ -75,6 +75,10 @@ class Feeds:
     def discard(self, session_id: str) -> None:
         self._feeds.pop(session_id, None)
 
+    def close_all(self, why: str) -> None:
+        for feed in self._feeds.values():
+            feed.close(why)
+
     def publish(self, events: list[TokenEvent]) -> None:
         for ev in events:
             feed = self._feeds.get(ev.session_id)

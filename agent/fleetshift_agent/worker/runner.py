@@ -9,19 +9,29 @@ engine cannot starve it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from typing import TypeVar
 
 from fleetshift_agent.engine import Engine, TokenEvent
+from fleetshift_common.errors import Unavailable
 
 T = TypeVar("T")
+log = logging.getLogger("fleetshift.worker")
 
 
 class EngineRunner:
-    def __init__(self, engine: Engine, publish: Callable[[list[TokenEvent]], None]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        publish: Callable[[list[TokenEvent]], None],
+        on_failure: Callable[[BaseException], None] = lambda exc: None,
+    ) -> None:
         self.engine = engine
         self._publish = publish
+        self._on_failure = on_failure
+        self.failure: BaseException | None = None
         self._cv = threading.Condition()
         self._waiting_control = 0
         self._count_lock = threading.Lock()  # not the step lock: counting must not wait
@@ -49,6 +59,14 @@ class EngineRunner:
         return not self._waiting_control and not self._paused and self.engine.has_work()
 
     def _loop(self) -> None:
+        try:
+            self._steps()
+        except Exception as exc:  # a failed step must not leave every client hanging
+            log.exception("engine step failed; the worker stops serving")
+            self.failure = exc
+            self._on_failure(exc)
+
+    def _steps(self) -> None:
         while True:
             with self._cv:
                 self._cv.wait_for(self._runnable)
@@ -63,6 +81,8 @@ class EngineRunner:
                         self._paused, self._steps_left = True, None
 
     def call_blocking(self, fn: Callable[[], T]) -> T:
+        if self.failure is not None:
+            raise Unavailable(f"engine failed: {self.failure!r}")
         with self._count_lock:
             self._waiting_control += 1
         with self._cv:

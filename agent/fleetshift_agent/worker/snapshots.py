@@ -18,7 +18,6 @@ import torch
 from fleetshift_agent.engine import ENGINE_NAME, ENGINE_VERSION, Engine, EngineConfig
 from fleetshift_agent.engine.engine import Clock
 from fleetshift_agent.engine.state import (
-    COMPILE_ARTIFACT,
     EngineState,
     RestoreReport,
     import_sessions,
@@ -101,7 +100,7 @@ def write_engine_snapshot(
         "kind": SPEC_KIND,
         "sessions": len(state.json_parts["sessions"]),
         "queue": len(state.json_parts["queue"]),
-        "compiled_artifacts": COMPILE_ARTIFACT in state.artifacts,
+        "compiled_artifacts": sorted(state.artifacts),
     }
     return write_snapshot(
         root,
@@ -118,9 +117,7 @@ def _read_state(snap: Snapshot, *, weights: bool, artifacts: bool) -> EngineStat
     wanted = ["kv", "rng"] + (["weights"] if weights else [])
     groups = {g: snap.load_tensors(g) for g in wanted if g in snap.tensor_groups}
     parts = {p: snap.load_json(p) for p in ("engine", "sessions", "queue")}
-    blobs = {}
-    if artifacts and COMPILE_ARTIFACT in snap.artifacts:
-        blobs[COMPILE_ARTIFACT] = snap.load_artifact(COMPILE_ARTIFACT)
+    blobs = {name: snap.load_artifact(name) for name in snap.artifacts} if artifacts else {}
     return EngineState(groups, parts, blobs)
 
 
