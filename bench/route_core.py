@@ -2,7 +2,9 @@
 
 Measures only the domain core (no gRPC): Router.route with the output-length estimator and
 the traffic monitor attached, as the daemon wires them. The baseline is a trivial round-robin
-pick over the same per-model worker lists, timed in the same run.
+pick over the same per-model worker lists, timed in the same run. Both are timed in CPU
+seconds of this process (time.process_time), so other jobs on a shared machine skew them
+less than wall-clock time would.
 
     .venv/bin/python bench/route_core.py [--calls 50000] [--nodes 1000]
 """
@@ -91,20 +93,20 @@ def main() -> None:
     n = args.calls
     for r in reqs[:2000]:  # warm up
         router.route(r)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for i in range(n):
         baseline(reqs[i & 4095])
-    base_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    base_s = time.process_time() - t0
+    t0 = time.process_time()
     for i in range(n):
         router.route(reqs[i & 4095])
-    core_s = time.perf_counter() - t0
+    core_s = time.process_time() - t0
     print(
         f"fleet: {args.nodes} nodes, {len(workers)} workers, {len(names)} models; "
         f"index build {index_s * 1e3:.1f} ms"
     )
-    print(f"round-robin baseline: {n / base_s:,.0f} calls/s ({base_s / n * 1e6:.2f} us/call)")
-    print(f"core Router.route:    {n / core_s:,.0f} calls/s ({core_s / n * 1e6:.2f} us/call)")
+    print(f"round-robin baseline: {n / base_s:,.0f} calls/CPU-s ({base_s / n * 1e6:.2f} us/call)")
+    print(f"core Router.route:    {n / core_s:,.0f} calls/CPU-s ({core_s / n * 1e6:.2f} us/call)")
     print(f"ratio core/baseline time: {core_s / base_s:.1f}x")
 
 

@@ -110,7 +110,7 @@ class SkippedWorker:
 
 @dataclass(frozen=True)
 class RouterConfig:
-    per_class_samples: int = 3  # power of d choices inside each worker class
+    per_class_samples: int = 2  # power of two choices inside each worker class
     default_ttft_ms: float = 2000.0  # latency scale when the request states no SLO
     default_tbt_ms: float = 100.0
     slo_miss_penalty: float = 4.0  # score falls as 1 / (1 + penalty * relative overshoot)
@@ -357,13 +357,25 @@ class Router:
             does_p = role is not Role.DECODE
             does_d = role is not Role.PREFILL
             wait_per_token = co.p_tok * cp
+            # co.prefill_s / co.decode_s unrolled: the worker-independent part once per class
+            p_base = co.p0 + co.p_tok * prompt + co.p_sq * sq + co.p_seq
+            p_tok, knee, p_knee = co.p_tok, co.knee_tokens, co.p_knee
+            d_base = co.d0 + co.d_seq + co.d_ctx * ctx_add
+            d_seq, d_ctx = co.d_seq, co.d_ctx
             slot = _SLOT[role]
             current = best[slot]
             kv_floor = 0.05
             for w in self._sample(c, preferred):
                 scored += 1
-                ttft = co.prefill_s(w.queue + prompt, sq, 1) * cp if does_p else 0.0
-                tbt = co.decode_s(w.sessions + 1, w.kv_used + ctx_add) * cd if does_d else 0.0
+                ttft = tbt = 0.0
+                if does_p:
+                    q = w.queue
+                    ttft = p_base + p_tok * q
+                    if q + prompt > knee:
+                        ttft += p_knee * (q + prompt - knee)
+                    ttft *= cp
+                if does_d:
+                    tbt = (d_base + d_seq * w.sessions + d_ctx * w.kv_used) * cd
                 over_t = ttft / ttft_slo - 1.0
                 over_d = tbt / tbt_slo - 1.0
                 latency = 1.0 / (
