@@ -123,6 +123,8 @@ class Instance:
         self.step_start = 0.0
         self.step_cum: FloatArray = np.empty(0)
         self.step_prefills: list[tuple[int, bool]] = []
+        self.inflight_prompt_tokens = 0  # prompts in the prefill pass now running
+        self.inflight_tokens = 0  # ... plus the tokens they will decode here
         self.paused_until = 0.0
         self.busy_s = 0.0
         self.prefill_tokens_done = 0  # the counters a worker reports in its heartbeat
@@ -140,9 +142,14 @@ class Instance:
         return int(np.searchsorted(self.step_cum, t - self.step_start, side="right"))
 
     def pending_tokens(self, t: float) -> int:
-        """Work still owed: queued prompts, queued hand-offs and tokens left to generate."""
+        """Work still owed: queued and running prompts, hand-offs, tokens left to generate."""
         left = self.left_sum - self.batch * self.steps_done(t)
-        return self.wait_tokens + self.handoff_tokens + max(left, 0)
+        return self.wait_tokens + self.inflight_tokens + self.handoff_tokens + max(left, 0)
+
+    @property
+    def queue_tokens(self) -> int:
+        """Prompt tokens not yet prefilled (queued or in the running pass)."""
+        return self.wait_tokens + self.inflight_prompt_tokens
 
     def kv_free(self) -> int:
         return self.kv_cap - self.kv_used
@@ -344,6 +351,10 @@ class Simulator:
             if batch:
                 dt += inst.timer.decode_step_s(batch, int(inst.run_ctx.sum()))
             inst.step_prefills = prefills
+            inst.inflight_prompt_tokens = sum(int(self.prompt[r]) for r, _ in prefills)
+            inst.inflight_tokens = inst.inflight_prompt_tokens + sum(
+                0 if h else int(self.output[r]) - 1 for r, h in prefills
+            )
             cum = np.array([dt])
         elif batch:
             k = int(inst.run_left.min())
@@ -453,6 +464,7 @@ class Simulator:
                 self._retire(inst, done, t)
         prefills = inst.step_prefills
         inst.step_prefills = []
+        inst.inflight_prompt_tokens = inst.inflight_tokens = 0
         local: list[int] = []
         for req, handoff in prefills:
             inst.prefill_tokens_done += int(self.prompt[req])

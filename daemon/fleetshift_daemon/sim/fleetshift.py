@@ -121,7 +121,7 @@ class RouterPolicy:
         for inst in self._by_id.values():
             router.update_load(
                 worker_id(inst),
-                queue_tokens=inst.wait_tokens,
+                queue_tokens=inst.queue_tokens,
                 kv_used_tokens=inst.kv_used,
                 live_sessions=inst.batch + len(inst.handoff) + inst.kv_incoming,
             )
