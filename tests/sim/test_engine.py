@@ -144,3 +144,10 @@ def test_the_split_hands_kv_to_the_decode_pool_over_the_network() -> None:
     kv = PerfModel().kv_bytes_per_token(fleet.deployment(fleet.groups[0]))
     transfer = sim.transfer_s(sim.instances[0], sim.instances[1], 1501)
     assert transfer == pytest.approx(1e-3 + 1501 * kv / (8 * 50e9))
+
+
+def test_least_loaded_sees_the_prompt_being_prefilled() -> None:
+    fleet = SimFleet(llama2_70b(), Dtype.BF16, (NodeGroup("H100-SXM", 1, 8, 4),))
+    trace = trace_of([(0.0, 8000, 10), (0.1, 100, 10)])  # the first prefill lasts > 0.1 s
+    sim = Simulator(fleet, trace, LeastLoaded()).run()
+    assert list(sim.log.prefill_inst) == [0, 1]
