@@ -504,17 +504,15 @@ class _Lp:
     def _run(
         self,
         c: np.ndarray,
-        extra: list[LinearConstraint],
         integral: bool,
         lo: np.ndarray,
         hi: np.ndarray,
         offset: float = 0.0,
-        gap: float | None = None,
     ) -> tuple[np.ndarray, str]:
         # A constant objective term rides on one extra variable fixed at 1: HiGHS's relative
         # gap is then measured on (unserved demand + cost), not on the whole goodput.
         a = hstack([self.a, csr_matrix((self.a.shape[0], 1))]).tocsr()
-        cons = [LinearConstraint(a, -np.inf, self.ub), *extra]
+        cons = [LinearConstraint(a, -np.inf, self.ub)]
         integrality = np.zeros(self.nvar + 1)
         if integral:
             integrality[: self.n_o] = 1
@@ -524,7 +522,7 @@ class _Lp:
             integrality=integrality,
             bounds=Bounds(np.append(lo, 1.0), np.append(hi, 1.0)),
             options={
-                "mip_rel_gap": self.cfg.mip_rel_gap if gap is None else gap,
+                "mip_rel_gap": self.cfg.mip_rel_gap,
                 "time_limit": self.cfg.time_limit_s,
             },
         )
@@ -546,14 +544,16 @@ class _Lp:
         c = -self.goodput_c + eps * self.cost_c
         # The LP relaxation boxes each count (floor - margin .. ceil + margin) and the MILP
         # settles integers inside the box, so its search does not grow with the fleet.
-        relaxed, _ = self._run(c, [], False, self.lo, self.hi, demand)
+        relaxed, _ = self._run(c, False, self.lo, self.hi, demand)
         lo, hi = self.lo.copy(), self.hi.copy()
         m = float(cfg.integer_margin)
         counts = relaxed[: self.n_o]
         lo[: self.n_o] = np.maximum(np.floor(counts) - m, 0.0)
         hi[: self.n_o] = np.ceil(counts) + m
-        x, status = self._run(c, [], True, lo, hi, demand)
-        bound = float(self.goodput_c @ relaxed) * _K
+        x, status = self._run(c, True, lo, hi, demand)
+        # Goodput alone, relaxed: an upper bound no placement can beat.
+        pure, _ = self._run(-self.goodput_c, False, self.lo, self.hi, demand)
+        bound = float(self.goodput_c @ pure) * _K
         return [round(v) for v in x[: self.n_o]], status, bound
 
     def evaluate(self, counts: Sequence[float]) -> Evaluation:
@@ -566,7 +566,7 @@ class _Lp:
         saved = self.ub
         self.ub = np.maximum(self.ub, used)
         try:
-            x, _ = self._run(-self.goodput_c, [], False, lo, hi)
+            x, _ = self._run(-self.goodput_c, False, lo, hi)
         finally:
             self.ub = saved
         served = {name: float(x[3 * self.n_o + j]) for j, name in enumerate(self.models)}
