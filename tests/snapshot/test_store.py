@@ -72,6 +72,8 @@ def test_unreadable_snapshot_is_not_listed(store: SnapshotStore) -> None:
     _write(store, "good")
     _write(store, "bad")
     (store.root / "bad" / "manifest.json").write_text("nope")
+    (store.root / "lost+found").mkdir()
+    (store.root / "stray.txt").write_text("x")
     assert _ids(store) == ["good"]
 
 

@@ -31,7 +31,12 @@ from fleetshift_agent.snapshot.errors import (
     SnapshotNotFound,
 )
 from fleetshift_agent.snapshot.fileio import fsync_dir
-from fleetshift_agent.snapshot.names import INCOMING_PREFIX, TMP_PREFIX, check_name
+from fleetshift_agent.snapshot.names import (
+    INCOMING_PREFIX,
+    TMP_PREFIX,
+    check_name,
+    is_safe_name,
+)
 from fleetshift_agent.snapshot.snapshot import Snapshot, open_snapshot
 from fleetshift_agent.snapshot.writer import SnapshotInfo, write_snapshot
 from fleetshift_common.compat import CompatKey
@@ -85,7 +90,7 @@ class SnapshotStore:
 
     def get(self, snapshot_id: str) -> Snapshot:
         path = self.path(snapshot_id)
-        if not path.is_dir():
+        if path.is_symlink() or not path.is_dir():
             raise SnapshotNotFound(snapshot_id, f"not in the store at {self.root}")
         snap = open_snapshot(path)
         if snap.snapshot_id != snapshot_id:
@@ -98,8 +103,8 @@ class SnapshotStore:
         """Every readable snapshot, oldest first (unreadable ones are logged and skipped)."""
         out = []
         for entry in os.scandir(self.root):
-            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
-                continue
+            if not is_safe_name(entry.name) or not entry.is_dir(follow_symlinks=False):
+                continue  # tmp/incoming/pins dirs, lost+found, stray files
             try:
                 snap = self.get(entry.name)
             except (SnapshotCorrupt, SnapshotNotFound) as exc:

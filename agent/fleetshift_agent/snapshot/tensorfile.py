@@ -78,6 +78,8 @@ def plan(tensors: Mapping[str, torch.Tensor]) -> tuple[bytes, list[Entry]]:
     offset = 0
     for name in order:
         t = tensors[name]
+        if name == "__metadata__":
+            raise TensorFileError("a tensor may not be named '__metadata__' (reserved)")
         if t.dtype not in DTYPES:
             raise TensorFileError(f"tensor {name!r} has unsupported dtype {t.dtype}")
         nbytes = t.numel() * _itemsize(t.dtype)
