@@ -25,8 +25,10 @@ from fleetshift_daemon.api import fleet as fleet_api
 from fleetshift_daemon.core.fleet import NodeState
 from fleetshift_daemon.core.gpus import GpuCatalogue, default_catalogue
 from fleetshift_daemon.core.registry import Registry
+from fleetshift_daemon.core.workers import WorkerTable
 from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
+from fleetshift_daemon.store.work_store import SqlWorkerStore
 from fleetshift_rpc.auth import ServerSecurity, server_security
 from fleetshift_rpc.metrics import DaemonMetrics, MetricsEndpoint, start_metrics_server
 from fleetshift_rpc.ratelimit import RateLimit
@@ -42,6 +44,7 @@ class Daemon:
     notifier: SdNotifier = field(default_factory=SdNotifier.from_env)
     engine: Engine | None = None
     registry: Registry | None = None
+    workers: WorkerTable | None = None
     server: RunningServer | None = None
     operator_server: RunningServer | None = None
     metrics: DaemonMetrics = field(default_factory=DaemonMetrics)
@@ -63,6 +66,8 @@ class Daemon:
         await asyncio.to_thread(upgrade, self.engine)
         self.registry = Registry(SqlRegistryStore(self.engine), self.clock, cfg.node_lost_after_s)
         await asyncio.to_thread(self.registry.load)
+        self.workers = WorkerTable(SqlWorkerStore(self.engine), self.clock)
+        await asyncio.to_thread(self.workers.load)
         await self._serve()
         self._start_jobs()
         write_port_file(cfg.port_file, self.server.port)
@@ -114,7 +119,7 @@ class Daemon:
     def _bindings(self) -> list[ServiceBinding]:
         assert self.registry is not None
         interval_ms = int(self.config.heartbeat_interval_s * 1000)
-        return fleet_api.bindings(self.registry, interval_ms, self.metrics)
+        return fleet_api.bindings(self.registry, interval_ms, self.metrics, self.workers)
 
     def _start_jobs(self) -> None:
         scheduler = AsyncIOScheduler()

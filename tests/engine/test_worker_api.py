@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from fleetshift.v1 import worker_pb2
+from fleetshift.v1 import fleet_pb2, worker_pb2
 from fleetshift_agent.engine.weights import weights_digest
 
 from .workers import WorkerProcess, Workers, stub, workers_in
@@ -109,19 +109,19 @@ async def test_info_reports_role_and_compat_key_and_role_can_change(
     async with worker.channel() as ch:
         s = stub(ch)
         info = await s.GetInfo(worker_pb2.GetWorkerInfoRequest())
-        assert info.role == worker_pb2.WORKER_ROLE_DECODE
+        assert info.role == fleet_pb2.WORKER_ROLE_DECODE
         assert info.compat_key.weights_digest == weights_digest(tiny_model)
         assert info.compat_key.engine_name == "fleetshift-ref"
         assert info.compat_key.dtype == "float32"
         assert info.model_id == tiny_model.name
         assert info.kv_blocks_total == 64
         changed = await s.SetRole(
-            worker_pb2.SetWorkerRoleRequest(role=worker_pb2.WORKER_ROLE_PREFILL)
+            worker_pb2.SetWorkerRoleRequest(role=fleet_pb2.WORKER_ROLE_PREFILL)
         )
-        assert changed.role == worker_pb2.WORKER_ROLE_PREFILL
+        assert changed.role == fleet_pb2.WORKER_ROLE_PREFILL
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await s.SetRole(
-                worker_pb2.SetWorkerRoleRequest(role=worker_pb2.WORKER_ROLE_UNSPECIFIED)
+                worker_pb2.SetWorkerRoleRequest(role=fleet_pb2.WORKER_ROLE_UNSPECIFIED)
             )
         assert "role" in err.value.details()
 

@@ -37,9 +37,9 @@ from fleetshift_rpc.server import ServiceBinding
 log = logging.getLogger("fleetshift.worker")
 
 ROLES = {
-    "prefill": worker_pb2.WORKER_ROLE_PREFILL,
-    "decode": worker_pb2.WORKER_ROLE_DECODE,
-    "mixed": worker_pb2.WORKER_ROLE_MIXED,
+    "prefill": fleet_pb2.WORKER_ROLE_PREFILL,
+    "decode": fleet_pb2.WORKER_ROLE_DECODE,
+    "mixed": fleet_pb2.WORKER_ROLE_MIXED,
 }
 
 

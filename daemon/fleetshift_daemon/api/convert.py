@@ -5,6 +5,7 @@ from __future__ import annotations
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from fleetshift.v1 import fleet_pb2 as pb
+from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.core.fleet import (
     GpuInfo,
     InventorySource,
@@ -14,6 +15,9 @@ from fleetshift_daemon.core.fleet import (
     Registration,
     WorkerCounters,
 )
+from fleetshift_daemon.core.perfmodel import Dtype
+from fleetshift_daemon.core.routing import Role
+from fleetshift_daemon.core.workers import WorkerRecord, WorkerReport, WorkerSpec, WorkerState
 
 _SOURCE_TO_PB = {
     InventorySource.NVML: pb.INVENTORY_SOURCE_NVML,
@@ -69,9 +73,9 @@ def gpu_pb(info: GpuInfo) -> pb.Gpu:
     )
 
 
-def counters(msg: pb.WorkerCounters) -> WorkerCounters:
+def counters(msg: pb.WorkerCounters, worker_id: str = "") -> WorkerCounters:
     return WorkerCounters(
-        worker_id=msg.worker_id,
+        worker_id=msg.worker_id or worker_id,
         prefill_tokens=msg.prefill_tokens,
         decode_tokens=msg.decode_tokens,
         queue_depth=msg.queue_depth,
@@ -110,4 +114,90 @@ def node_pb(node: NodeRecord) -> pb.Node:
         gpus=[gpu_pb(g) for g in node.gpus],
         registered_at=_timestamp(node.registered_at),
         last_heartbeat_at=_timestamp(node.last_heartbeat_at),
+    )
+
+
+ROLE_TO_PB = {
+    Role.PREFILL: pb.WORKER_ROLE_PREFILL,
+    Role.DECODE: pb.WORKER_ROLE_DECODE,
+    Role.MIXED: pb.WORKER_ROLE_MIXED,
+}
+ROLE_FROM_PB = {v: k for k, v in ROLE_TO_PB.items()}
+WORKER_STATE_TO_PB = {
+    WorkerState.STARTING: pb.WORKER_STATE_STARTING,
+    WorkerState.SERVING: pb.WORKER_STATE_SERVING,
+    WorkerState.DRAINING: pb.WORKER_STATE_DRAINING,
+    WorkerState.STOPPED: pb.WORKER_STATE_STOPPED,
+    WorkerState.FAILED: pb.WORKER_STATE_FAILED,
+}
+WORKER_STATE_FROM_PB = {v: k for k, v in WORKER_STATE_TO_PB.items()}
+
+
+def role(value: int, field: str = "role") -> Role:
+    try:
+        return ROLE_FROM_PB[value]
+    except KeyError:
+        raise InvalidArgument(f"{field} must be PREFILL, DECODE or MIXED", field=field) from None
+
+
+def dtype(value: str, field: str = "dtype") -> Dtype:
+    try:
+        return Dtype(value or "bf16")
+    except ValueError:
+        names = ", ".join(d.value for d in Dtype)
+        raise InvalidArgument(
+            f"{field} must be one of {names}, got {value!r}", field=field
+        ) from None
+
+
+def worker_report(msg: pb.WorkerStatus, where: str = "workers") -> WorkerReport:
+    spec = WorkerSpec(
+        model=msg.model,
+        role=role(msg.role, f"{where}.role"),
+        tp=msg.tensor_parallel or 1,
+        dtype=dtype(msg.dtype, f"{where}.dtype"),
+    )
+    return WorkerReport(
+        worker_id=msg.worker_id,
+        spec=spec,
+        gpu_indices=tuple(msg.gpu_indices),
+        endpoint=msg.endpoint,
+        state=WORKER_STATE_FROM_PB.get(msg.state, WorkerState.SERVING),
+        origin_snapshot=msg.origin_snapshot,
+        counters=counters(msg.counters, msg.worker_id) if msg.HasField("counters") else None,
+        sessions=tuple(msg.session_ids),
+    )
+
+
+def worker_pb(worker: WorkerRecord) -> pb.WorkerStatus:
+    out = pb.WorkerStatus(
+        worker_id=worker.id,
+        model=worker.spec.model,
+        role=ROLE_TO_PB[worker.spec.role],
+        tensor_parallel=worker.spec.tp,
+        dtype=worker.spec.dtype.value,
+        gpu_indices=list(worker.gpu_indices),
+        endpoint=worker.endpoint,
+        state=WORKER_STATE_TO_PB[worker.state],
+        origin_snapshot=worker.origin_snapshot,
+        session_ids=list(worker.sessions),
+    )
+    if worker.counters is not None:
+        out.counters.CopyFrom(counters_pb(worker.counters))
+    return out
+
+
+def counters_pb(c: WorkerCounters) -> pb.WorkerCounters:
+    return pb.WorkerCounters(
+        worker_id=c.worker_id,
+        prefill_tokens=c.prefill_tokens,
+        decode_tokens=c.decode_tokens,
+        queue_depth=c.queue_depth,
+        kv_blocks_used=c.kv_blocks_used,
+        kv_blocks_total=c.kv_blocks_total,
+        live_sessions=c.live_sessions,
+        ttft_p50_ms=c.ttft_p50_ms,
+        ttft_p99_ms=c.ttft_p99_ms,
+        tbt_p50_ms=c.tbt_p50_ms,
+        tbt_p99_ms=c.tbt_p99_ms,
     )

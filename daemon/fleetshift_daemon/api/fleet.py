@@ -7,6 +7,7 @@ the event loop that also serves heartbeats; heartbeats themselves touch only mem
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import grpc
 
@@ -15,19 +16,27 @@ from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.api import convert
 from fleetshift_daemon.core.registry import Registry
+from fleetshift_daemon.core.workers import WorkerTable
 from fleetshift_rpc.errors import rpc_errors
 from fleetshift_rpc.metrics import DaemonMetrics
 from fleetshift_rpc.security import require_node_identity
 from fleetshift_rpc.server import ServiceBinding
 
+log = logging.getLogger("fleetshift.daemon.api")
+
 
 class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
     def __init__(
-        self, registry: Registry, heartbeat_interval_ms: int, metrics: DaemonMetrics | None = None
+        self,
+        registry: Registry,
+        heartbeat_interval_ms: int,
+        metrics: DaemonMetrics | None = None,
+        workers: WorkerTable | None = None,
     ) -> None:
         self._registry = registry
         self._heartbeat_interval_ms = heartbeat_interval_ms
         self._metrics = metrics
+        self._workers = workers
 
     @rpc_errors
     async def RegisterNode(
@@ -48,9 +57,13 @@ class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.HeartbeatResponse:
         require_node_identity(request.node_name)
-        workers = [convert.counters(w) for w in request.workers]
+        reports = [convert.worker_report(w, f"workers[{i}]") for i, w in enumerate(request.workers)]
         previous = self._registry.last_heartbeat(request.node_name)
-        node = self._registry.heartbeat(request.node_name, workers)
+        counters = [r.counters for r in reports if r.counters is not None]
+        node = self._registry.heartbeat(request.node_name, counters)
+        if self._workers is not None:
+            for worker_id in self._workers.reconcile(request.node_name, reports):
+                log.error("worker vanished from its node", extra={"worker": worker_id})
         if self._metrics is not None and previous is not None and node.last_heartbeat_at:
             self._metrics.observe_heartbeat(node.last_heartbeat_at - previous)
         return pb.HeartbeatResponse(state=convert.node_pb(node).state, cordoned=node.cordoned)
@@ -96,12 +109,15 @@ class FleetOperatorServicer(pb_grpc.FleetOperatorServicer):
 
 
 def bindings(
-    registry: Registry, heartbeat_interval_ms: int, metrics: DaemonMetrics | None = None
+    registry: Registry,
+    heartbeat_interval_ms: int,
+    metrics: DaemonMetrics | None = None,
+    workers: WorkerTable | None = None,
 ) -> list[ServiceBinding]:
     return [
         ServiceBinding(
             pb_grpc.add_AgentRegistryServicer_to_server,
-            AgentRegistryServicer(registry, heartbeat_interval_ms, metrics),
+            AgentRegistryServicer(registry, heartbeat_interval_ms, metrics, workers),
             pb.DESCRIPTOR.services_by_name["AgentRegistry"].full_name,
         ),
         ServiceBinding(

@@ -21,12 +21,38 @@ class NodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_STATE_UNSPECIFIED: _ClassVar[NodeState]
     NODE_STATE_READY: _ClassVar[NodeState]
     NODE_STATE_LOST: _ClassVar[NodeState]
+
+class WorkerRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WORKER_ROLE_UNSPECIFIED: _ClassVar[WorkerRole]
+    WORKER_ROLE_PREFILL: _ClassVar[WorkerRole]
+    WORKER_ROLE_DECODE: _ClassVar[WorkerRole]
+    WORKER_ROLE_MIXED: _ClassVar[WorkerRole]
+
+class WorkerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WORKER_STATE_UNSPECIFIED: _ClassVar[WorkerState]
+    WORKER_STATE_STARTING: _ClassVar[WorkerState]
+    WORKER_STATE_SERVING: _ClassVar[WorkerState]
+    WORKER_STATE_DRAINING: _ClassVar[WorkerState]
+    WORKER_STATE_STOPPED: _ClassVar[WorkerState]
+    WORKER_STATE_FAILED: _ClassVar[WorkerState]
 INVENTORY_SOURCE_UNSPECIFIED: InventorySource
 INVENTORY_SOURCE_NVML: InventorySource
 INVENTORY_SOURCE_DECLARED: InventorySource
 NODE_STATE_UNSPECIFIED: NodeState
 NODE_STATE_READY: NodeState
 NODE_STATE_LOST: NodeState
+WORKER_ROLE_UNSPECIFIED: WorkerRole
+WORKER_ROLE_PREFILL: WorkerRole
+WORKER_ROLE_DECODE: WorkerRole
+WORKER_ROLE_MIXED: WorkerRole
+WORKER_STATE_UNSPECIFIED: WorkerState
+WORKER_STATE_STARTING: WorkerState
+WORKER_STATE_SERVING: WorkerState
+WORKER_STATE_DRAINING: WorkerState
+WORKER_STATE_STOPPED: WorkerState
+WORKER_STATE_FAILED: WorkerState
 
 class Gpu(_message.Message):
     __slots__ = ("index", "product_name", "memory_bytes", "bandwidth_class", "compute_capability", "fp8_supported", "nvlink_peers", "uuid")
@@ -134,13 +160,39 @@ class WorkerCounters(_message.Message):
     tbt_p99_ms: float
     def __init__(self, worker_id: _Optional[str] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., live_sessions: _Optional[int] = ..., ttft_p50_ms: _Optional[float] = ..., ttft_p99_ms: _Optional[float] = ..., tbt_p50_ms: _Optional[float] = ..., tbt_p99_ms: _Optional[float] = ...) -> None: ...
 
+class WorkerStatus(_message.Message):
+    __slots__ = ("worker_id", "model", "role", "tensor_parallel", "dtype", "gpu_indices", "endpoint", "state", "origin_snapshot", "counters", "session_ids")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    model: str
+    role: WorkerRole
+    tensor_parallel: int
+    dtype: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    endpoint: str
+    state: WorkerState
+    origin_snapshot: str
+    counters: WorkerCounters
+    session_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., tensor_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., endpoint: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., origin_snapshot: _Optional[str] = ..., counters: _Optional[_Union[WorkerCounters, _Mapping]] = ..., session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_name", "workers")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     node_name: str
-    workers: _containers.RepeatedCompositeFieldContainer[WorkerCounters]
-    def __init__(self, node_name: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerCounters, _Mapping]]] = ...) -> None: ...
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    def __init__(self, node_name: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("state", "cordoned")

@@ -1,23 +1,11 @@
 from fleetshift.v1 import fleet_pb2 as _fleet_pb2
 from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
-
-class WorkerRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    WORKER_ROLE_UNSPECIFIED: _ClassVar[WorkerRole]
-    WORKER_ROLE_PREFILL: _ClassVar[WorkerRole]
-    WORKER_ROLE_DECODE: _ClassVar[WorkerRole]
-    WORKER_ROLE_MIXED: _ClassVar[WorkerRole]
-WORKER_ROLE_UNSPECIFIED: WorkerRole
-WORKER_ROLE_PREFILL: WorkerRole
-WORKER_ROLE_DECODE: WorkerRole
-WORKER_ROLE_MIXED: WorkerRole
 
 class WorkerSampling(_message.Message):
     __slots__ = ("temperature", "top_p", "seed")
@@ -224,7 +212,7 @@ class WorkerInfo(_message.Message):
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
-    role: WorkerRole
+    role: _fleet_pb2.WorkerRole
     model_id: str
     compat_key: WorkerCompatKey
     kv_block_size: int
@@ -233,10 +221,10 @@ class WorkerInfo(_message.Message):
     compiled: bool
     paused: bool
     restored_from: str
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., model_id: _Optional[str] = ..., compat_key: _Optional[_Union[WorkerCompatKey, _Mapping]] = ..., kv_block_size: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., max_running: _Optional[int] = ..., compiled: _Optional[bool] = ..., paused: _Optional[bool] = ..., restored_from: _Optional[str] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ..., model_id: _Optional[str] = ..., compat_key: _Optional[_Union[WorkerCompatKey, _Mapping]] = ..., kv_block_size: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., max_running: _Optional[int] = ..., compiled: _Optional[bool] = ..., paused: _Optional[bool] = ..., restored_from: _Optional[str] = ...) -> None: ...
 
 class SetWorkerRoleRequest(_message.Message):
     __slots__ = ("role",)
     ROLE_FIELD_NUMBER: _ClassVar[int]
-    role: WorkerRole
-    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ...) -> None: ...
+    role: _fleet_pb2.WorkerRole
+    def __init__(self, role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ...) -> None: ...
