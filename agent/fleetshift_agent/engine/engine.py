@@ -58,6 +58,19 @@ class Counters:
     tbt_ms: tuple[float, ...]
 
 
+_Layer = dict[str, torch.Tensor | None]
+
+
+@dataclass(frozen=True)
+class _Batch:
+    plan: list[Slice]
+    total: int  # real rows; the rest up to a whole chunk are padding
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    write_slots: torch.Tensor  # where each real row's K/V goes in the pool
+    read_slots: list[torch.Tensor]  # per slice: every position its session has seen
+
+
 def make_deterministic(device: torch.device) -> None:
     """Process-wide settings without which the same inputs may give different bits."""
     if device.type == "cuda":
@@ -198,7 +211,17 @@ class Engine:
         return self._advance(plan, logits)
 
     def _forward(self, plan: list[Slice]) -> dict[str, torch.Tensor]:
-        rows = self.config.rows
+        batch = self._pack(plan)
+        x = self._embed[batch.tokens]
+        cos, sin = self.cos[batch.positions], self.sin[batch.positions]
+        for i, w in enumerate(self._layers):
+            q, k, v = self._chunks_pre(w, x, cos, sin)
+            self.kv.write(i, batch.write_slots, k[: batch.total], v[: batch.total])
+            x = self._chunks_post(w, x, self._attention(i, q, batch))
+        return self._logits(plan, x)
+
+    def _pack(self, plan: list[Slice]) -> _Batch:
+        """Every scheduled token as one row, padded to a whole number of row chunks."""
         tokens: list[int] = []
         positions: list[int] = []
         for sl in plan:
@@ -206,69 +229,51 @@ class Engine:
             tokens.extend(s.tokens[s.cached : s.cached + sl.tokens])
             positions.extend(range(s.cached, s.cached + sl.tokens))
         total = len(tokens)
-        padded = -(-total // rows) * rows
-        tok = torch.tensor(tokens + [0] * (padded - total), device=self.device)
-        pos = torch.tensor(positions + [0] * (padded - total), device=self.device)
-        x = self._embed[tok]
-        cos, sin = self.cos[pos], self.sin[pos]
-        write_slots = torch.cat(
-            [
-                self.kv.slots(sl.session.blocks, sl.session.cached, sl.session.cached + sl.tokens)
-                for sl in plan
-            ]
+        pad = [0] * (-(-total // self.config.rows) * self.config.rows - total)
+        return _Batch(
+            plan=plan,
+            total=total,
+            tokens=torch.tensor(tokens + pad, device=self.device),
+            positions=torch.tensor(positions + pad, device=self.device),
+            write_slots=torch.cat(
+                [self.kv.slots(sl.session.blocks, sl.session.cached, sl.end) for sl in plan]
+            ),
+            read_slots=[self.kv.slots(sl.session.blocks, 0, sl.end) for sl in plan],
         )
-        read_slots = [
-            self.kv.slots(sl.session.blocks, 0, sl.session.cached + sl.tokens) for sl in plan
-        ]
-        pre, post, _ = self._fns
-        eps, hd = self.mcfg.rms_norm_eps, self.mcfg.head_dim
-        for i, w in enumerate(self._layers):
-            q, k, v = _chunked3(
-                lambda c, c_cos, c_sin, w=w: pre(
-                    c,
-                    w["ln1"],
-                    w["wq"],
-                    w["wk"],
-                    w["wv"],
-                    w["bq"],
-                    w["bk"],
-                    w["bv"],
-                    c_cos,
-                    c_sin,
-                    eps,
-                    hd,
-                ),
-                rows,
-                x,
-                cos,
-                sin,
-            )
-            self.kv.write(i, write_slots, k[:total], v[:total])
-            attn = torch.zeros(padded, q.shape[1] * hd, dtype=x.dtype, device=self.device)
-            row = 0
-            for sl, slots in zip(plan, read_slots, strict=True):
-                keys, values = self.kv.read(i, slots)
-                start = sl.session.cached
-                for j in range(sl.tokens):
-                    seen = start + j + 1
-                    attn[row + j] = M.attend(q[row + j], keys[:seen], values[:seen])
-                row += sl.tokens
-            x = torch.cat(
-                [
-                    post(
-                        x[c : c + rows],
-                        attn[c : c + rows],
-                        w["wo"],
-                        w["ln2"],
-                        w["wg"],
-                        w["wu"],
-                        w["wd"],
-                        eps,
-                    )
-                    for c in range(0, padded, rows)
-                ]
-            )
-        return self._logits(plan, x)
+
+    def _chunks_pre(
+        self, w: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        pre = self._fns[0]
+        eps, hd, rows = self.mcfg.rms_norm_eps, self.mcfg.head_dim, self.config.rows
+        parts = [
+            pre(x[c : c + rows], w["ln1"], w["wq"], w["wk"], w["wv"], w["bq"], w["bk"], w["bv"],
+                cos[c : c + rows], sin[c : c + rows], eps, hd)
+            for c in range(0, x.shape[0], rows)
+        ]  # fmt: skip
+        q, k, v = zip(*parts, strict=True)
+        return torch.cat(q), torch.cat(k), torch.cat(v)
+
+    def _chunks_post(self, w: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        post = self._fns[1]
+        eps, rows = self.mcfg.rms_norm_eps, self.config.rows
+        return torch.cat([
+            post(x[c : c + rows], attn[c : c + rows], w["wo"], w["ln2"], w["wg"], w["wu"],
+                 w["wd"], eps)
+            for c in range(0, x.shape[0], rows)
+        ])  # fmt: skip
+
+    def _attention(self, layer: int, q: torch.Tensor, batch: _Batch) -> torch.Tensor:
+        """Each session on its own, each query over exactly the keys it sees."""
+        attn = torch.zeros(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
+        row = 0
+        for sl, slots in zip(batch.plan, batch.read_slots, strict=True):
+            keys, values = self.kv.read(layer, slots)
+            for j in range(sl.tokens):
+                seen = sl.session.cached + j + 1
+                attn[row + j] = M.attend(q[row + j], keys[:seen], values[:seen])
+            row += sl.tokens
+        return attn
 
     def _logits(self, plan: list[Slice], x: torch.Tensor) -> dict[str, torch.Tensor]:
         rows = self.config.rows
@@ -451,7 +456,7 @@ class Engine:
             final(x, self._norm, self._head, eps)
 
 
-def _layer_tensors(layer: M.DecoderLayer) -> dict[str, torch.Tensor | None]:
+def _layer_tensors(layer: M.DecoderLayer) -> _Layer:
     a, m = layer.self_attn, layer.mlp
 
     def bias(lin: torch.nn.Linear) -> torch.Tensor | None:
@@ -478,18 +483,3 @@ def _step_functions(compiled: bool) -> tuple[Callable[..., Any], ...]:
     if not compiled:
         return fns
     return tuple(torch.compile(f, dynamic=False, fullgraph=True) for f in fns)
-
-
-def _chunked3(
-    fn: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-    rows: int,
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    parts = [
-        fn(x[c : c + rows], cos[c : c + rows], sin[c : c + rows])
-        for c in range(0, x.shape[0], rows)
-    ]
-    q, k, v = zip(*parts, strict=True)
-    return torch.cat(q), torch.cat(k), torch.cat(v)

@@ -21,6 +21,11 @@ class Slice:
     session: Session
     tokens: int  # how many pending tokens run this step
 
+    @property
+    def end(self) -> int:
+        """The session's position after this step."""
+        return self.session.cached + self.tokens
+
 
 class Scheduler:
     def __init__(self, kv: PagedKVCache, *, max_running: int, max_step_tokens: int) -> None:
