@@ -51,8 +51,8 @@ _LEFT, _RIGHT, _TOP, _BOTTOM = 80, 200, 40, 60
 @dataclass(frozen=True)
 class Series:
     label: str
-    x: Sequence[float]
-    y: Sequence[float]
+    x: Sequence[float] | npt.NDArray[np.float64]
+    y: Sequence[float] | npt.NDArray[np.float64]
 
 
 class Canvas:

@@ -140,7 +140,7 @@ def _quantiles(values: np.ndarray) -> np.ndarray:
     v = values[np.isfinite(values)]
     if not len(v):
         return np.full(CDF_POINTS, np.nan)
-    return np.quantile(v, np.linspace(0, 1, CDF_POINTS))
+    return np.asarray(np.quantile(v, np.linspace(0, 1, CDF_POINTS)), dtype=np.float64)
 
 
 def _cdf_csv(path: Path, results: Sequence[RunResult]) -> Path:
