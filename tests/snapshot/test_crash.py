@@ -73,17 +73,23 @@ def test_kill_at_a_chosen_point(tmp_path: Path, mode: str, survives: bool) -> No
 
 def test_kill_at_random_times(tmp_path: Path) -> None:
     outcomes = []
-    for i, delay in enumerate([0.0, 0.01, 0.05, 1.0]):
+    # fixed spread of delays after the child starts writing; the last kill waits until the
+    # snapshot directory appears (the child is then fsyncing the parent or exiting)
+    for i, delay in enumerate([0.0, 0.01, 0.05, 0.2, None]):
         root = tmp_path / f"run{i}"
         child = _spawn(root, "wait")
         assert child.stdout is not None and child.stdin is not None
         assert child.stdout.readline().strip() == "ready"
         child.stdin.write("go\n")
         child.stdin.flush()
-        time.sleep(delay)
+        if delay is None:
+            deadline = time.monotonic() + 30
+            while not (root / SNAPSHOT_ID).exists() and time.monotonic() < deadline:
+                time.sleep(0.001)
+        else:
+            time.sleep(delay)
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
         outcomes.append(_assert_whole_or_nothing(root))
-    # the spread of delays must have hit both sides of the rename at least once
-    assert outcomes[0] is False
+    assert outcomes[0] is False  # killed before it could have written 8 MiB and fsynced
     assert outcomes[-1] is True
