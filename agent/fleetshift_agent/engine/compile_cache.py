@@ -23,6 +23,7 @@ log = logging.getLogger("fleetshift.engine")
 GRAPH_ARTIFACT = "compile_cache.bin"
 KERNEL_ARTIFACT = "inductor_kernels.tar"
 MAX_KERNEL_ARCHIVE = 256 << 20
+_SKIP_DIR = "precompiled_headers"
 
 
 def _cache_dir() -> Path:
@@ -37,17 +38,20 @@ def save_artifacts() -> dict[str, bytes]:
     if saved is None:
         return {}
     out = {GRAPH_ARTIFACT: saved[0]}
-    kernels = _kernel_archive(_cache_dir())
+    kernels = kernel_archive(_cache_dir())
     if kernels is not None:
         out[KERNEL_ARTIFACT] = kernels
     return out
 
 
-def _kernel_archive(root: Path) -> bytes | None:
+def kernel_archive(root: Path) -> bytes | None:
     files = [
         p
         for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.is_symlink() and not p.name.endswith(".lock")
+        if p.is_file()
+        and not p.is_symlink()
+        and not p.name.endswith(".lock")
+        and _SKIP_DIR not in p.relative_to(root).parts  # only needed to build, not to load
     ]
     total = sum(p.stat().st_size for p in files)
     if total > MAX_KERNEL_ARCHIVE:
@@ -64,7 +68,7 @@ def load_artifacts(artifacts: dict[str, bytes]) -> bool:
     """Installs carried compile results before the first compile; True when any was loaded."""
     loaded = False
     if KERNEL_ARTIFACT in artifacts:
-        _install_kernels(artifacts[KERNEL_ARTIFACT], _cache_dir())
+        install_kernels(artifacts[KERNEL_ARTIFACT], _cache_dir())
         loaded = True
     if GRAPH_ARTIFACT in artifacts:
         torch.compiler.load_cache_artifacts(artifacts[GRAPH_ARTIFACT])
@@ -72,7 +76,7 @@ def load_artifacts(artifacts: dict[str, bytes]) -> bool:
     return loaded
 
 
-def _install_kernels(data: bytes, root: Path) -> None:
+def install_kernels(data: bytes, root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         members = [
