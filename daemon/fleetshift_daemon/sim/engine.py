@@ -177,6 +177,7 @@ class RequestLog:
     prefill_inst: IntArray
     decode_inst: IntArray
     dropped: np.ndarray
+    kv_transfer_s: FloatArray
 
     @classmethod
     def empty(cls, n: int) -> RequestLog:
@@ -188,6 +189,7 @@ class RequestLog:
             np.full(n, -1, _I64),
             np.full(n, -1, _I64),
             np.zeros(n, bool),
+            np.zeros(n),
         )
 
 
@@ -401,8 +403,9 @@ class Simulator:
             inst.kv_used += need
             inst.kv_incoming += 1
             src = self.instances[int(self.log.prefill_inst[req])]
+            self.log.kv_transfer_s[req] = self.transfer_s(src, inst, int(self.prompt[req]) + 1)
             self._push(
-                t + self.transfer_s(src, inst, int(self.prompt[req]) + 1),
+                t + float(self.log.kv_transfer_s[req]),
                 Event.KV_DONE,
                 req,
                 inst.idx,
