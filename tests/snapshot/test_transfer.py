@@ -37,7 +37,7 @@ def _tensors() -> dict[str, dict[str, torch.Tensor]]:
 class RecordingServicer(SnapshotServicer):
     """The real servicer, recording what it was asked and what it sent.
 
-    ``pause_after`` chunks, it sets ``paused`` and stops sending (until the server is stopped);
+    After ``pause_after`` chunks it sets ``paused`` and that stream hangs without an error;
     ``corrupt_chunk`` damages the data of that chunk number (once) after its CRC is computed.
     """
 
@@ -56,8 +56,9 @@ class RecordingServicer(SnapshotServicer):
         self.requests.append((request.file, request.offset))
         async for chunk in super().ReadSnapshot(request, context):
             if self.pause_after is not None and self.chunks_sent >= self.pause_after:
+                self.pause_after = None  # once
                 self.paused.set()
-                await asyncio.Event().wait()  # hang until the server is stopped
+                await asyncio.Event().wait()  # hang (until the server is stopped)
             self.chunks_sent += 1
             self.bytes_sent += len(chunk.data)
             yield chunk
@@ -185,6 +186,25 @@ async def test_broken_connection_resumes_from_the_verified_offset(
     assert report.reconnects >= 1
     resent = first.bytes_sent + second.bytes_sent - total
     assert resent <= first.bytes_sent - held
+
+
+async def test_stalled_stream_is_abandoned_and_resumed(
+    source: SnapshotStore, dest: SnapshotStore
+) -> None:
+    servicer = RecordingServicer(source, pause_after=20)  # the link goes silent, no error
+    server, port = await _serve(servicer)
+    try:
+        report = await fetch_snapshot(
+            f"127.0.0.1:{port}", SID, dest, chunk_size=CHUNK, stall_timeout_s=0.5
+        )
+    finally:
+        await server.stop(None)
+    _assert_arrived_intact(dest)
+    assert servicer.paused.is_set()
+    assert report.reconnects == 1
+    resumed = [(f, o) for f, o in servicer.requests if o > 0]
+    assert len(resumed) == 1
+    assert servicer.bytes_sent == report.bytes_received == _total(source)
 
 
 async def test_corrupted_chunk_is_detected_and_refetched(

@@ -82,6 +82,7 @@ class _Fetch:
     chunk_size: int
     max_attempts: int
     retry_delay_s: float
+    stall_timeout_s: float
     report: FetchReport = field(default_factory=FetchReport)
 
     async def retrying(self, what: str, attempt_fn: Any) -> Any:
@@ -112,7 +113,8 @@ class _Fetch:
     async def manifest(self) -> bytes:
         async def attempt() -> bytes:
             detail = await self.stub.GetSnapshot(
-                snapshot_pb2.GetSnapshotRequest(snapshot_id=self.snapshot_id)
+                snapshot_pb2.GetSnapshotRequest(snapshot_id=self.snapshot_id),
+                timeout=self.stall_timeout_s,
             )
             if hashlib.sha256(detail.manifest).hexdigest() != detail.manifest_sha256:
                 raise _ChunkRejected("manifest arrived damaged")
@@ -162,7 +164,15 @@ class _Fetch:
             )
         )
         try:
-            async for chunk in stream:
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(stream.read(), self.stall_timeout_s)
+                except TimeoutError:
+                    raise _ChunkRejected(
+                        f"no data for {self.stall_timeout_s:g}s from the source ({name}@{offset})"
+                    ) from None
+                if chunk is grpc.aio.EOF:
+                    break
                 if chunk.file != name or chunk.offset != offset:
                     raise _ChunkRejected(f"chunk for {chunk.file}@{chunk.offset}, wanted @{offset}")
                 if zlib.crc32(chunk.data) != chunk.crc32:
@@ -245,13 +255,15 @@ async def fetch_snapshot(
     chunk_size: int = DEFAULT_CHUNK,
     max_attempts: int = 8,
     retry_delay_s: float = 0.1,
+    stall_timeout_s: float = 30.0,
 ) -> FetchReport:
     """Pull ``snapshot_id`` from the agent at ``channel_or_address`` into ``store``.
 
     Returns once the snapshot is verified and listed in ``store``. Raises SnapshotExists if
     the store already holds it, SnapshotNotFound if the source does not, SnapshotCorrupt if
     the source's bytes do not match its manifest, TransferFailed when retries run out (the
-    partial files are kept, and the next call resumes them).
+    partial files are kept, and the next call resumes them). A stream that delivers nothing
+    for ``stall_timeout_s`` (a silently dead link) is abandoned and resumed like a broken one.
     """
     if store.path(snapshot_id).exists():
         raise SnapshotExists(snapshot_id)
@@ -270,6 +282,7 @@ async def fetch_snapshot(
                 chunk_size,
                 max_attempts,
                 retry_delay_s,
+                stall_timeout_s,
             )
             await _run(job, store)
     finally:
