@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 MAX_HEADER = 100 << 20  # the limit safetensors itself applies
+DEVICE_CHUNK = 64 << 20  # bytes copied from an accelerator to the host at a time
 
 DTYPES: dict[torch.dtype, str] = {
     torch.float64: "F64",
@@ -96,16 +97,22 @@ def plan(tensors: Mapping[str, torch.Tensor]) -> tuple[bytes, list[Entry]]:
     return len(raw).to_bytes(8, "little") + raw, entries
 
 
-def tensor_bytes(t: torch.Tensor) -> Iterator[memoryview]:
-    """The tensor's bytes as a view of its own memory (a copy only if it is not contiguous)."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.to("cpu")
-    t = t.contiguous()
+def tensor_bytes(t: torch.Tensor, chunk: int = DEVICE_CHUNK) -> Iterator[memoryview]:
+    """The tensor's bytes as views of its own memory (a copy only if it is not contiguous).
+
+    A tensor on an accelerator is brought over ``chunk`` bytes at a time, so snapshotting a
+    GPU worker never needs host memory the size of its largest tensor (a KV pool can be most
+    of the GPU's memory).
+    """
+    t = t.detach().contiguous()
     if t.numel() == 0:
         return
     flat = t.reshape(-1).view(torch.uint8)
-    yield memoryview(flat.numpy())
+    if t.device.type == "cpu":
+        yield memoryview(flat.numpy())
+        return
+    for start in range(0, flat.numel(), chunk):
+        yield memoryview(flat[start : start + chunk].to("cpu").numpy())
 
 
 def _describe_foreign(prefix: bytes) -> str | None:
