@@ -81,9 +81,14 @@ METHOD_ACCESS: Mapping[str, Access] = types.MappingProxyType(
         "/fleetshift.v1.FleetOperator/GetNode": _A.OPERATOR_READ,
         "/fleetshift.v1.FleetOperator/CordonNode": _A.OPERATOR_WRITE,
         "/fleetshift.v1.FleetOperator/UncordonNode": _A.OPERATOR_WRITE,
-        # every other FleetOperator method (Rebalance, Drain, MoveWorker ...) falls to the
-        # default, OPERATOR_WRITE; list read-only ones here explicitly. Route, once it exists,
-        # gets Access.ROUTE: "/fleetshift.v1.<Service>/Route".
+        # every other operator method falls to the default, OPERATOR_WRITE; read-only ones
+        # are listed here explicitly.
+        "/fleetshift.v1.Placement/Route": _A.ROUTE,
+        "/fleetshift.v1.Placement/PlaceWorker": _A.ROUTE,
+        "/fleetshift.v1.Planning/GetEfficiency": _A.OPERATOR_READ,
+        "/fleetshift.v1.Planning/GetTrafficMix": _A.OPERATOR_READ,
+        "/fleetshift.v1.Planning/PlanRebalance": _A.OPERATOR_READ,
+        "/fleetshift.v1.Planning/ListWorkers": _A.OPERATOR_READ,
         "/fleetshift.v1.AgentService/GetAgentInfo": _A.FLEET_READ,
         "/fleetshift.v1.SnapshotService/ListSnapshots": _A.FLEET_READ,
         "/fleetshift.v1.SnapshotService/GetSnapshot": _A.FLEET_READ,

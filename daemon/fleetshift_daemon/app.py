@@ -21,14 +21,17 @@ from sqlalchemy import Engine
 from fleetshift_common.config import DaemonConfig
 from fleetshift_common.lifecycle import write_port_file
 from fleetshift_common.sdnotify import SdNotifier, watchdog_interval
+from fleetshift_daemon import models
 from fleetshift_daemon.api import fleet as fleet_api
+from fleetshift_daemon.api import placement as placement_api
 from fleetshift_daemon.core.fleet import NodeState
 from fleetshift_daemon.core.gpus import GpuCatalogue, default_catalogue
+from fleetshift_daemon.core.placement import PlacementService, PlanningSettings, ServedModel
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.core.workers import WorkerTable
 from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
-from fleetshift_daemon.store.work_store import SqlWorkerStore
+from fleetshift_daemon.store.work_store import SqlEfficiencyStore, SqlWorkerStore
 from fleetshift_rpc.auth import ServerSecurity, server_security
 from fleetshift_rpc.metrics import DaemonMetrics, MetricsEndpoint, start_metrics_server
 from fleetshift_rpc.ratelimit import RateLimit
@@ -51,6 +54,8 @@ class Daemon:
     metrics_endpoint: MetricsEndpoint | None = None
     security: ServerSecurity | None = None
     catalogue: GpuCatalogue = field(default_factory=default_catalogue)
+    models: list[ServedModel] = field(default_factory=list)
+    placement: PlacementService | None = None
     _scheduler: AsyncIOScheduler | None = None
     _watchdog: asyncio.Task[None] | None = None
 
@@ -62,12 +67,26 @@ class Daemon:
     async def start(self) -> None:
         cfg = self.config
         self.security = self._security()  # config errors surface before any database work
+        self.catalogue = models.catalogue(cfg)
+        self.models = models.served_models(cfg)
         self.engine = make_engine(cfg.effective_database_url)
         await asyncio.to_thread(upgrade, self.engine)
         self.registry = Registry(SqlRegistryStore(self.engine), self.clock, cfg.node_lost_after_s)
         await asyncio.to_thread(self.registry.load)
         self.workers = WorkerTable(SqlWorkerStore(self.engine), self.clock)
         await asyncio.to_thread(self.workers.load)
+        self.placement = PlacementService(
+            self.registry,
+            self.workers,
+            self.catalogue,
+            self.models,
+            self.clock,
+            SqlEfficiencyStore(self.engine),
+            PlanningSettings(cfg.planner.threshold, cfg.planner.hold_s, cfg.planner.horizon_s),
+        )
+        self.workers.on_change(self.placement.refresh_fleet)
+        self.registry.on_change(self.placement.refresh_fleet)
+        self.placement.refresh_fleet()
         await self._serve()
         self._start_jobs()
         write_port_file(cfg.port_file, self.server.port)
@@ -119,7 +138,13 @@ class Daemon:
     def _bindings(self) -> list[ServiceBinding]:
         assert self.registry is not None
         interval_ms = int(self.config.heartbeat_interval_s * 1000)
-        return fleet_api.bindings(self.registry, interval_ms, self.metrics, self.workers)
+        assert self.workers is not None and self.placement is not None
+        return [
+            *fleet_api.bindings(
+                self.registry, interval_ms, self.metrics, self.workers, self.placement
+            ),
+            *placement_api.bindings(self.placement, self.workers, self.metrics),
+        ]
 
     def _start_jobs(self) -> None:
         scheduler = AsyncIOScheduler()
@@ -131,6 +156,15 @@ class Daemon:
             max_instances=1,
             coalesce=True,
         )
+        if self.config.planner.interval_s > 0:
+            scheduler.add_job(
+                self._plan,
+                "interval",
+                seconds=self.config.planner.interval_s,
+                id="planner",
+                max_instances=1,
+                coalesce=True,
+            )
         scheduler.start()
         self._scheduler = scheduler
         interval = watchdog_interval()
@@ -163,6 +197,29 @@ class Daemon:
                 kind = self.catalogue.for_product(gpu.product_name)
                 gpus[(kind.name if kind else gpu.product_name, state)] += 1
         self.metrics.set_fleet(gpus, nodes)
+
+    async def _plan(self) -> None:
+        """The periodic planning pass: publish efficiency; propose (or run) a plan."""
+        assert self.placement is not None
+        try:
+            report = await asyncio.to_thread(self.placement.run_cycle)
+        except Exception:
+            log.exception("planning pass failed; retrying at the next interval")
+            return
+        self.metrics.set_efficiency(report.efficiency, report.plan.gain_tokens_per_s)
+        for stats, _ in self.placement.traffic_stats():
+            self.metrics.set_traffic(
+                stats.model, stats.arrival_rate_per_s, stats.prompt.mean, stats.output.mean
+            )
+        if report.decision.propose:
+            log.warning(
+                "placement below target: plan proposed",
+                extra={
+                    "efficiency": round(report.efficiency, 4),
+                    "moves": len(report.plan.moves),
+                    "reason": report.decision.reason,
+                },
+            )
 
     async def _ping_watchdog(self, interval: float) -> None:
         while True:

@@ -15,6 +15,7 @@ from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.api import convert
+from fleetshift_daemon.core.placement import PlacementService
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.core.workers import WorkerTable
 from fleetshift_rpc.errors import rpc_errors
@@ -32,7 +33,9 @@ class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
         heartbeat_interval_ms: int,
         metrics: DaemonMetrics | None = None,
         workers: WorkerTable | None = None,
+        placement: PlacementService | None = None,
     ) -> None:
+        self._placement = placement
         self._registry = registry
         self._heartbeat_interval_ms = heartbeat_interval_ms
         self._metrics = metrics
@@ -64,6 +67,8 @@ class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
         if self._workers is not None:
             for worker_id in self._workers.reconcile(request.node_name, reports):
                 log.error("worker vanished from its node", extra={"worker": worker_id})
+        if self._placement is not None:
+            self._placement.observe_heartbeat(node)
         if self._metrics is not None and previous is not None and node.last_heartbeat_at:
             self._metrics.observe_heartbeat(node.last_heartbeat_at - previous)
         return pb.HeartbeatResponse(state=convert.node_pb(node).state, cordoned=node.cordoned)
@@ -113,11 +118,12 @@ def bindings(
     heartbeat_interval_ms: int,
     metrics: DaemonMetrics | None = None,
     workers: WorkerTable | None = None,
+    placement: PlacementService | None = None,
 ) -> list[ServiceBinding]:
     return [
         ServiceBinding(
             pb_grpc.add_AgentRegistryServicer_to_server,
-            AgentRegistryServicer(registry, heartbeat_interval_ms, metrics, workers),
+            AgentRegistryServicer(registry, heartbeat_interval_ms, metrics, workers, placement),
             pb.DESCRIPTOR.services_by_name["AgentRegistry"].full_name,
         ),
         ServiceBinding(

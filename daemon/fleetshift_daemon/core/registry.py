@@ -63,6 +63,15 @@ class Registry:
         self._last_seen: dict[str, float] = {}  # liveness clock, in memory only
         self._unflushed: dict[str, float] = {}  # heartbeat times not yet in the store
         self._lock = threading.RLock()
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Called after a node is registered, cordoned, uncordoned, lost or back."""
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
 
     def load(self) -> None:
         """Read the store into the view. Every node gets a full timeout from now before it can
@@ -93,7 +102,8 @@ class Registry:
             self._nodes[node.name] = node
             self._last_seen[node.name] = now
             self._unflushed.pop(node.name, None)
-            return node, known is None
+        self._changed()
+        return node, known is None
 
     def heartbeat(self, name: str, workers: Sequence[WorkerCounters] = ()) -> NodeRecord:
         if not name:
@@ -107,7 +117,8 @@ class Registry:
         now = self._clock()
         with self._lock:
             node = self._require(name)
-            if node.state is NodeState.LOST:
+            came_back = node.state is NodeState.LOST
+            if came_back:
                 self._store.update_status(name, NodeState.READY, node.cordoned, node.cordon_reason)
             node = dataclasses.replace(
                 node, state=NodeState.READY, last_heartbeat_at=now, workers=tuple(workers)
@@ -115,7 +126,9 @@ class Registry:
             self._nodes[name] = node
             self._last_seen[name] = now
             self._unflushed[name] = now
-            return node
+        if came_back:
+            self._changed()
+        return node
 
     def last_heartbeat(self, name: str) -> float | None:
         """When the node was last heard from (None: unknown node or never)."""
@@ -132,7 +145,8 @@ class Registry:
             self._store.update_status(name, node.state, cordoned, reason)
             node = dataclasses.replace(node, cordoned=cordoned, cordon_reason=reason)
             self._nodes[name] = node
-            return node
+        self._changed()
+        return node
 
     def get(self, name: str) -> NodeRecord:
         check_node_name(name, self._limits)
@@ -165,6 +179,8 @@ class Registry:
                     )
                     self._nodes[name] = dataclasses.replace(node, state=NodeState.LOST)
                     turned.append(name)
+        if turned:
+            self._changed()
         return turned
 
     def _require(self, name: str) -> NodeRecord:

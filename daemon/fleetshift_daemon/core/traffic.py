@@ -91,6 +91,10 @@ class TrafficMonitor:
         self._models: dict[str, _ModelWindow] = {}
         self._lock = threading.Lock()
 
+    @property
+    def config(self) -> TrafficConfig:
+        return self._config
+
     def _window(self, model: str) -> _ModelWindow:
         w = self._models.get(model)
         if w is None:

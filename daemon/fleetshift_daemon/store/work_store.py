@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import sessionmaker
@@ -15,6 +14,7 @@ from fleetshift_daemon.core.operations import (
     Step,
 )
 from fleetshift_daemon.core.perfmodel import Dtype
+from fleetshift_daemon.core.placement import EfficiencySample
 from fleetshift_daemon.core.routing import Role
 from fleetshift_daemon.core.workers import WorkerRecord, WorkerSpec, WorkerState
 from fleetshift_daemon.store.models import EfficiencySampleRow, OperationRow, WorkerRow
@@ -110,15 +110,6 @@ def _operation(row: OperationRow) -> Operation:
         error=row.error,
         summary=row.summary,
     )
-
-
-@dataclass(frozen=True)
-class EfficiencySample:
-    taken_at: float
-    efficiency: float
-    current_goodput: float
-    best_goodput: float
-    plan_proposed: bool = False
 
 
 class SqlEfficiencyStore:

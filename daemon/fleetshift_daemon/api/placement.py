@@ -1,0 +1,244 @@
+"""Servicers of the Placement (router, scheduler) and Planning (operators) services.
+
+Thin by design: validate the shape of a message, convert it, call ``PlacementService``, convert
+back. Route is the hot path: it runs on the event loop with no I/O (the router reads an
+in-memory index), and its latency is recorded for the metrics endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from fleetshift.v1 import placement_pb2 as pb
+from fleetshift.v1 import placement_pb2_grpc as pb_grpc
+from fleetshift_common.errors import InvalidArgument
+from fleetshift_daemon.api import convert
+from fleetshift_daemon.core.placement import EfficiencySample, PlacementService
+from fleetshift_daemon.core.plans import MoveKind, Plan
+from fleetshift_daemon.core.routing import RouteRequest, Slo
+from fleetshift_daemon.core.workers import WorkerTable
+from fleetshift_rpc.errors import rpc_errors
+from fleetshift_rpc.metrics import DaemonMetrics
+from fleetshift_rpc.server import ServiceBinding
+
+MOVE_KIND_TO_PB = {
+    MoveKind.ROLE_CHANGE: pb.MOVE_KIND_ROLE_CHANGE,
+    MoveKind.MIGRATE: pb.MOVE_KIND_MIGRATE,
+    MoveKind.COLD_START: pb.MOVE_KIND_COLD_START,
+    MoveKind.START: pb.MOVE_KIND_START,
+    MoveKind.STOP: pb.MOVE_KIND_STOP,
+}
+
+
+def route_request(msg: pb.RouteRequest) -> RouteRequest:
+    slo = None
+    if msg.HasField("slo"):
+        for name in ("ttft_ms", "tbt_ms"):
+            value = getattr(msg.slo, name)
+            if value < 0 or not math.isfinite(value):
+                raise InvalidArgument(f"slo.{name} must be > 0 when set", field=f"slo.{name}")
+        if msg.slo.ttft_ms == 0 and msg.slo.tbt_ms == 0:
+            raise InvalidArgument(
+                "slo is set but both slo.ttft_ms and slo.tbt_ms are 0", field="slo.ttft_ms"
+            )
+        slo = Slo(msg.slo.ttft_ms or None, msg.slo.tbt_ms or None)
+    output = msg.expected_output_tokens if msg.HasField("expected_output_tokens") else None
+    if output is not None and output <= 0:
+        raise InvalidArgument(
+            f"expected_output_tokens must be > 0, got {output}", field="expected_output_tokens"
+        )
+    return RouteRequest(
+        model=msg.model,
+        prompt_tokens=msg.prompt_tokens,
+        expected_output_tokens=output,
+        slo=slo,
+        preferred_worker_id=msg.preferred_worker_id or None,
+    )
+
+
+def _timestamp(ts: float) -> Timestamp:
+    out = Timestamp()
+    out.FromNanoseconds(int(ts * 1e9))
+    return out
+
+
+def sample_pb(sample: EfficiencySample) -> pb.EfficiencySample:
+    return pb.EfficiencySample(
+        taken_at=_timestamp(sample.taken_at),
+        efficiency=sample.efficiency,
+        current_goodput_tokens_per_s=sample.current_goodput,
+        best_goodput_tokens_per_s=sample.best_goodput,
+        plan_proposed=sample.plan_proposed,
+    )
+
+
+def plan_pb(plan: Plan, horizon_s: float) -> pb.Plan:
+    out = pb.Plan(
+        efficiency_before=plan.efficiency_before,
+        goodput_before_tokens_per_s=plan.goodput_before,
+        goodput_after_tokens_per_s=plan.goodput_after,
+        bytes_to_move=plan.bytes_to_move,
+        pays_off=plan.pays_off(horizon_s),
+    )
+    for move in plan.moves:
+        m = out.moves.add(
+            kind=MOVE_KIND_TO_PB[move.kind],
+            model=move.model,
+            bytes_to_move=move.bytes_to_move,
+            duration_s=move.duration_s,
+            expected_pause_s=move.expected_pause_s,
+            sessions_affected=move.sessions_affected,
+            predicted_gain_tokens_per_s=move.predicted_gain_tokens_per_s,
+            cost_tokens=move.cost_tokens,
+            reason=move.reason,
+        )
+        for side, placed in (("source", move.source), ("target", move.target)):
+            if placed is not None:
+                getattr(m, side).CopyFrom(
+                    pb.PlannedWorker(
+                        worker_id=placed.worker_id or "",
+                        model=placed.model,
+                        role=convert.ROLE_TO_PB[placed.role],
+                        gpu_kind=placed.gpu_kind,
+                        tensor_parallel=placed.tp,
+                        dtype=placed.dtype.value,
+                        node_name=placed.node,
+                    )
+                )
+    return out
+
+
+class PlacementServicer(pb_grpc.PlacementServicer):
+    def __init__(self, service: PlacementService, metrics: DaemonMetrics | None) -> None:
+        self._service = service
+        self._metrics = metrics
+
+    @rpc_errors
+    async def Route(
+        self, request: pb.RouteRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RouteResponse:
+        if self._metrics is None:
+            return self._route(request)
+        with self._metrics.time_route():
+            return self._route(request)
+
+    def _route(self, request: pb.RouteRequest) -> pb.RouteResponse:
+        routed = self._service.route(route_request(request))
+        d = routed.decision
+        t = d.terms
+        return pb.RouteResponse(
+            worker_id=routed.worker.id,
+            endpoint=routed.worker.endpoint,
+            node_name=routed.worker.node,
+            decode_worker_id=routed.decode_worker.id if routed.decode_worker else "",
+            decode_endpoint=routed.decode_worker.endpoint if routed.decode_worker else "",
+            reason=d.reason,
+            terms=pb.ScoreTerms(
+                phase_fit=t.phase_fit,
+                latency=t.latency,
+                load=t.load,
+                kv_headroom=t.kv_headroom,
+                health=t.health,
+                affinity=t.affinity,
+                total=t.total,
+                predicted_ttft_ms=t.predicted_ttft_ms,
+                predicted_tbt_ms=t.predicted_tbt_ms,
+            ),
+            output_tokens=d.output_tokens,
+            output_estimated=d.output_estimated,
+        )
+
+    @rpc_errors
+    async def PlaceWorker(
+        self, request: pb.PlaceWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PlaceWorkerResponse:
+        slot = self._service.place_worker(
+            request.model,
+            convert.role(request.role),
+            request.tensor_parallel,
+            convert.dtype(request.dtype),
+            request.prefer_gpu_kind,
+        )
+        return pb.PlaceWorkerResponse(
+            node_name=slot.node,
+            gpu_indices=list(slot.gpu_indices),
+            gpu_kind=slot.gpu_kind.name,
+            reason=slot.reason,
+        )
+
+
+class PlanningServicer(pb_grpc.PlanningServicer):
+    def __init__(self, service: PlacementService, workers: WorkerTable) -> None:
+        self._service = service
+        self._workers = workers
+
+    @rpc_errors
+    async def GetEfficiency(
+        self, request: pb.GetEfficiencyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EfficiencyReport:
+        limit = min(request.history or 20, 1000)
+        history = await asyncio.to_thread(self._service.efficiency_history, limit)
+        out = pb.EfficiencyReport(
+            history=[sample_pb(s) for s in history],
+            threshold=self._service.settings.threshold,
+            below_threshold_for_s=self._service.below_threshold_for_s(),
+        )
+        if history:
+            out.latest.CopyFrom(sample_pb(history[-1]))
+        return out
+
+    @rpc_errors
+    async def GetTrafficMix(
+        self, request: pb.GetTrafficMixRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TrafficMix:
+        out = pb.TrafficMix(window_s=self._service.traffic.config.window_s)
+        for stats, error in self._service.traffic_stats(request.model):
+            out.models.add(
+                model=stats.model,
+                arrival_rate_per_s=stats.arrival_rate_per_s,
+                prompt_tokens=pb.LengthStats(
+                    mean=stats.prompt.mean, p50=stats.prompt.p50, p90=stats.prompt.p90
+                ),
+                output_tokens=pb.LengthStats(
+                    mean=stats.output.mean, p50=stats.output.p50, p90=stats.output.p90
+                ),
+                prefill_decode_ratio=min(stats.prefill_decode_ratio, 1e9),
+                requests_in_window=stats.requests,
+                estimator_mae_tokens=0.0 if math.isnan(error.mae) else error.mae,
+            )
+        return out
+
+    @rpc_errors
+    async def PlanRebalance(
+        self, request: pb.PlanRebalanceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Plan:
+        plan = await asyncio.to_thread(self._service.dry_run)
+        return plan_pb(plan, self._service.settings.horizon_s)
+
+    @rpc_errors
+    async def ListWorkers(
+        self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListWorkersResponse:
+        workers = self._workers.all(request.node_name or None, request.model or None)
+        return pb.ListWorkersResponse(workers=[convert.worker_pb(w) for w in workers])
+
+
+def bindings(
+    service: PlacementService, workers: WorkerTable, metrics: DaemonMetrics | None = None
+) -> list[ServiceBinding]:
+    return [
+        ServiceBinding(
+            pb_grpc.add_PlacementServicer_to_server,
+            PlacementServicer(service, metrics),
+            pb.DESCRIPTOR.services_by_name["Placement"].full_name,
+        ),
+        ServiceBinding(
+            pb_grpc.add_PlanningServicer_to_server,
+            PlanningServicer(service, workers),
+            pb.DESCRIPTOR.services_by_name["Planning"].full_name,
+        ),
+    ]

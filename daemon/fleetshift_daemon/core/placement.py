@@ -1,0 +1,390 @@
+"""The daemon's placement brain, assembled: routing, the traffic window, and planning.
+
+It joins what the registry knows (nodes, their GPU kinds, workers and their counters) with the
+performance model, so the API layer only converts messages. The router's index is rebuilt when
+the fleet changes, never per call; heartbeats update load in O(1) per worker.
+
+Online calibration only learns from workers on NVML-discovered nodes: on a declared inventory
+(a CPU test fleet) the measured times are the CPU's, and folding them into "H100" would teach
+the model something false about H100s.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from fleetshift_common.errors import FailedPrecondition, InvalidArgument, NotFound
+from fleetshift_daemon.core.corrections import CorrectionTable
+from fleetshift_daemon.core.estimator import EstimatorError, OutputLengthEstimator
+from fleetshift_daemon.core.fleet import InventorySource, NodeRecord, NodeState
+from fleetshift_daemon.core.gpus import GpuCatalogue, GpuKind
+from fleetshift_daemon.core.perfmodel import Deployment, Dtype, ModelArch, PerfModel
+from fleetshift_daemon.core.planner import (
+    ModelSpec,
+    NodeCapacity,
+    PlacedWorker,
+    Placement,
+    Planner,
+    PlanningInput,
+    SloTarget,
+    planning_input,
+)
+from fleetshift_daemon.core.planning_cycle import CycleReport, PlanningCycle, demand_from_traffic
+from fleetshift_daemon.core.plans import Hysteresis, HysteresisConfig, Plan
+from fleetshift_daemon.core.registry import Registry
+from fleetshift_daemon.core.routing import (
+    Role,
+    RouteDecision,
+    Router,
+    RouteRequest,
+    WorkerView,
+)
+from fleetshift_daemon.core.traffic import TrafficMonitor, TrafficStats
+from fleetshift_daemon.core.workers import WorkerRecord, WorkerTable
+
+KV_BLOCK_TOKENS = 16  # the reference engine's block size; counters report blocks
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    arch: ModelArch
+    dtypes: tuple[Dtype, ...] = (Dtype.BF16,)
+    tp_options: tuple[int, ...] = (1, 2, 4, 8)
+    min_workers: int = 0
+    slo: SloTarget = SloTarget()  # noqa: RUF009 - frozen, so one shared default is safe
+    model_dir: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.arch.name
+
+
+@dataclass(frozen=True)
+class PlanningSettings:
+    threshold: float = 0.9  # efficiency below this is a gap
+    hold_s: float = 300.0
+    horizon_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class EfficiencySample:
+    taken_at: float
+    efficiency: float
+    current_goodput: float
+    best_goodput: float
+    plan_proposed: bool = False
+
+
+class EfficiencyStore(Protocol):
+    def add(self, sample: EfficiencySample) -> None: ...
+
+    def recent(self, limit: int = 100) -> Sequence[EfficiencySample]: ...
+
+
+@dataclass(frozen=True)
+class Routed:
+    decision: RouteDecision
+    worker: WorkerRecord
+    decode_worker: WorkerRecord | None
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    node: str
+    gpu_kind: GpuKind
+    gpu_indices: tuple[int, ...]
+    reason: str
+
+
+class PlacementService:
+    def __init__(
+        self,
+        registry: Registry,
+        workers: WorkerTable,
+        catalogue: GpuCatalogue,
+        models: Sequence[ServedModel],
+        clock: Callable[[], float],
+        efficiency_store: EfficiencyStore,
+        settings: PlanningSettings | None = None,
+    ) -> None:
+        self._registry = registry
+        self._workers = workers
+        self._catalogue = catalogue
+        self.models = {m.name: m for m in models}
+        self._clock = clock
+        self._efficiency = efficiency_store
+        self.settings = settings or PlanningSettings()
+        self.perf = PerfModel(corrections=CorrectionTable())
+        self.traffic = TrafficMonitor(clock)
+        self.estimator = OutputLengthEstimator()
+        self.router = Router(
+            self.perf,
+            [m.arch for m in models],
+            estimator=self.estimator,
+            traffic=self.traffic,
+        )
+        gate = HysteresisConfig(
+            1.0 - self.settings.threshold, self.settings.hold_s, self.settings.horizon_s
+        )
+        self.hysteresis = Hysteresis(clock, gate)
+        self._planner = Planner(self.perf)
+        self.cycle = PlanningCycle(self._planner, self.perf, self.hysteresis)
+        self.last_report: CycleReport | None = None
+        self._lock = threading.Lock()
+
+    # -- the fleet as the performance model sees it ------------------------------------------
+    def gpu_kind(self, node: NodeRecord) -> GpuKind | None:
+        kinds = Counter(
+            k.name for g in node.gpus if (k := self._catalogue.for_product(g.product_name))
+        )
+        if not kinds:
+            return None
+        return self._catalogue.get(kinds.most_common(1)[0][0])
+
+    def refresh_fleet(self) -> None:
+        """Rebuild the router's index from the registry (a worker or node changed)."""
+        views = []
+        nodes = {n.name: n for n in self._registry.nodes()}
+        for w in self._workers.alive():
+            node = nodes.get(w.node)
+            kind = self.gpu_kind(node) if node else None
+            if node is None or kind is None or w.spec.model not in self.models:
+                continue
+            counters = w.counters
+            views.append(
+                WorkerView(
+                    id=w.id,
+                    node=w.node,
+                    model=w.spec.model,
+                    role=w.spec.role,
+                    gpu=kind,
+                    tp=w.spec.tp,
+                    dtype=w.spec.dtype,
+                    queue_tokens=counters.queue_depth if counters else 0,
+                    kv_used_tokens=(counters.kv_blocks_used * KV_BLOCK_TOKENS) if counters else 0,
+                    kv_total_tokens=(
+                        counters.kv_blocks_total * KV_BLOCK_TOKENS
+                        if counters and counters.kv_blocks_total
+                        else None
+                    ),
+                    live_sessions=counters.live_sessions if counters else 0,
+                    healthy=node.state is NodeState.READY and w.state.alive,
+                    cordoned=node.cordoned,
+                )
+            )
+        self.router.update_fleet(views)
+
+    def observe_heartbeat(self, node: NodeRecord) -> None:
+        """Load and traffic from one heartbeat's worker counters."""
+        learn = node.inventory_source is InventorySource.NVML
+        for counters in node.workers:
+            worker = self._workers.find(counters.worker_id)
+            if worker is None or worker.spec.model not in self.models:
+                continue
+            try:
+                self.router.update_load(
+                    counters.worker_id,
+                    queue_tokens=counters.queue_depth,
+                    kv_used_tokens=counters.kv_blocks_used * KV_BLOCK_TOKENS,
+                    live_sessions=counters.live_sessions,
+                    healthy=node.state is NodeState.READY,
+                    cordoned=node.cordoned,
+                )
+            except NotFound:
+                continue  # not in the index yet: the next refresh brings it in
+            self.traffic.observe_counters(
+                counters.worker_id,
+                worker.spec.model,
+                counters.prefill_tokens,
+                counters.decode_tokens,
+            )
+            if learn and counters.tbt_p50_ms > 0 and counters.live_sessions > 0:
+                kind = self.gpu_kind(node)
+                if kind is not None:
+                    dep = Deployment(
+                        self.models[worker.spec.model].arch, kind, worker.spec.tp, worker.spec.dtype
+                    )
+                    self.perf.record_decode_step(
+                        dep,
+                        counters.live_sessions,
+                        counters.kv_blocks_used * KV_BLOCK_TOKENS,
+                        counters.tbt_p50_ms / 1000.0,
+                    )
+
+    # -- Route -------------------------------------------------------------------------------
+    def route(self, request: RouteRequest) -> Routed:
+        decision = self.router.route(request)  # also feeds the traffic window
+        worker = self._workers.get(decision.worker_id)
+        decode = (
+            self._workers.get(decision.decode_worker_id)
+            if decision.decode_worker_id and decision.decode_worker_id != decision.worker_id
+            else None
+        )
+        return Routed(decision, worker, decode)
+
+    def observe_completion(self, model: str, prompt_tokens: int, output_tokens: int) -> None:
+        self.estimator.observe_completion(model, prompt_tokens, output_tokens)
+
+    # -- PlaceWorker -------------------------------------------------------------------------
+    def place_worker(
+        self, model: str, role: Role, tp: int, dtype: Dtype, prefer_kind: str = ""
+    ) -> WorkerSlot:
+        served = self._served(model)
+        if tp < 0 or (tp and tp not in served.tp_options):
+            raise InvalidArgument(
+                f"tensor_parallel {tp} is not among the model's options {served.tp_options}",
+                field="tensor_parallel",
+            )
+        if prefer_kind and prefer_kind not in self._catalogue:
+            raise NotFound(
+                f"GPU kind {prefer_kind!r} is not in the catalogue", field="prefer_gpu_kind"
+            )
+        best: tuple[tuple[float, float, int], WorkerSlot] | None = None
+        for node in self._registry.nodes(NodeState.READY):
+            kind = self.gpu_kind(node)
+            if node.cordoned or kind is None:
+                continue
+            free = sorted({g.index for g in node.gpus} - self._workers.gpus_in_use(node.name))
+            for size in (tp,) if tp else sorted(served.tp_options):
+                if len(free) < size or not self._fits(served, kind, size, dtype):
+                    continue
+                rate = self._phase_rate(served, kind, size, dtype, role)
+                if rate <= 0:
+                    continue  # cannot meet the SLO in this shape
+                # Goodput first (as the planner), then the preference, the lower $/h, and
+                # best fit (fuller nodes first) to break ties.
+                rank = (
+                    rate * (1.5 if kind.name == prefer_kind else 1.0),
+                    -kind.price_per_hour * size,
+                    -len(free),
+                )
+                slot = WorkerSlot(
+                    node.name,
+                    kind,
+                    tuple(free[:size]),
+                    f"{kind.name} x{size}: {rate:,.0f} {role.value} tokens/s within SLO",
+                )
+                if best is None or rank > best[0]:
+                    best = (rank, slot)
+                break
+        if best is None:
+            raise FailedPrecondition(
+                f"no ready, uncordoned node has free GPUs that fit {model!r} "
+                f"(tp {tp or 'any'}, {dtype.value})",
+                field="model",
+            )
+        return best[1]
+
+    def _served(self, model: str) -> ServedModel:
+        served = self.models.get(model)
+        if served is None:
+            raise NotFound(f"model {model!r} is not served by this fleet", field="model")
+        return served
+
+    def _fits(self, served: ServedModel, kind: GpuKind, tp: int, dtype: Dtype) -> bool:
+        try:
+            return self.perf.kv_capacity_tokens(Deployment(served.arch, kind, tp, dtype)) > 0
+        except FailedPrecondition:
+            return False
+
+    def _phase_rate(
+        self, served: ServedModel, kind: GpuKind, tp: int, dtype: Dtype, role: Role
+    ) -> float:
+        """Tokens/s within the SLO for the phase(s) the role serves, at the current mix (the
+        planner's own capacity model, so PlaceWorker and plans agree)."""
+        spec = ModelSpec(served.arch, (dtype,), (tp,), 0)
+        cap = self._planner.option_capacity(spec, role, kind, tp, dtype, self.planning_input())
+        if cap is None:
+            return 0.0
+        if role is Role.PREFILL:
+            rate = cap.prefill_tokens_per_s
+        elif role is Role.DECODE:
+            rate = cap.decode_tokens_per_s
+        else:
+            rate = (cap.prefill_tokens_per_s * cap.decode_tokens_per_s) ** 0.5
+        return float(rate)
+
+    # -- planning ----------------------------------------------------------------------------
+    def current_placement(self) -> Placement:
+        nodes = {n.name: n for n in self._registry.nodes()}
+        placed = []
+        for w in self._workers.alive():
+            node = nodes.get(w.node)
+            kind = self.gpu_kind(node) if node else None
+            if kind is None or w.spec.model not in self.models:
+                continue
+            counters = w.counters
+            placed.append(
+                PlacedWorker(
+                    model=w.spec.model,
+                    role=w.spec.role,
+                    gpu_kind=kind.name,
+                    tp=w.spec.tp,
+                    dtype=w.spec.dtype,
+                    node=w.node,
+                    worker_id=w.id,
+                    live_sessions=counters.live_sessions if counters else 0,
+                    kv_used_tokens=(counters.kv_blocks_used * KV_BLOCK_TOKENS) if counters else 0,
+                )
+            )
+        return Placement(tuple(placed))
+
+    def planning_input(self) -> PlanningInput:
+        nodes = []
+        for node in self._registry.nodes(NodeState.READY):
+            kind = self.gpu_kind(node)
+            if kind is not None:
+                nodes.append(NodeCapacity(node.name, kind, len(node.gpus), node.cordoned))
+        specs = [
+            ModelSpec(m.arch, m.dtypes, m.tp_options, m.min_workers) for m in self.models.values()
+        ]
+        demand = demand_from_traffic(self.traffic, self.models)
+        slos = {m.name: m.slo for m in self.models.values()}
+        return planning_input(nodes, specs, demand, slos)
+
+    def run_cycle(self) -> CycleReport:
+        """The periodic job: efficiency, its history, and whether to propose the plan."""
+        with self._lock:
+            report = self.cycle.run(self.planning_input(), self.current_placement())
+            self.last_report = report
+        self._efficiency.add(
+            EfficiencySample(
+                taken_at=self._clock(),
+                efficiency=report.efficiency,
+                current_goodput=report.current_goodput_tokens_per_s,
+                best_goodput=report.best.evaluation.goodput_tokens_per_s,
+                plan_proposed=report.decision.propose,
+            )
+        )
+        return report
+
+    def dry_run(self) -> Plan:
+        with self._lock:
+            return self.cycle.dry_run(self.planning_input(), self.current_placement())
+
+    def efficiency_history(self, limit: int) -> Sequence[EfficiencySample]:
+        return self._efficiency.recent(limit)
+
+    def below_threshold_for_s(self) -> float:
+        report = self.last_report
+        if report is None or report.decision.gap_since is None:
+            return 0.0
+        return max(0.0, self._clock() - report.decision.gap_since)
+
+    # -- traffic -----------------------------------------------------------------------------
+    def traffic_stats(self, model: str = "") -> list[tuple[TrafficStats, EstimatorError]]:
+        names: Iterable[str] = [model] if model else sorted(self.models)
+        if model:
+            self._served(model)
+        out = []
+        for name in names:
+            try:
+                stats = self.traffic.stats(name)
+            except NotFound:
+                continue
+            out.append((stats, self.estimator.error(name)))
+        return out

@@ -1,0 +1,249 @@
+"""Route, PlaceWorker, efficiency and dry-run plans through the real gRPC API.
+
+Agents are played by real gRPC clients that register declared nodes and heartbeat declared
+workers of a Llama-2-70B-class model, exactly as a node agent reports them; the daemon, its
+database, router and planner are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fleetshift.v1 import fleet_pb2 as fpb
+from fleetshift.v1 import fleet_pb2_grpc as fpb_grpc
+from fleetshift.v1 import placement_pb2 as pb
+from fleetshift.v1 import placement_pb2_grpc as pb_grpc
+from fleetshift_common.config import DaemonConfig, ModelConfig, PlannerSettings
+from fleetshift_daemon.app import Daemon
+
+GiB = 1024**3
+MODEL = "llama-70b"
+NODES = {"h100-1": "NVIDIA H100 80GB HBM3", "h200-1": "NVIDIA H200"}
+# The wrong placement for decode-heavy traffic: decode on H100, prefill on H200.
+WORKERS = {
+    "h100-1": [("dec-h100", fpb.WORKER_ROLE_DECODE, 4)],
+    "h200-1": [("pre-h200", fpb.WORKER_ROLE_PREFILL, 4)],
+}
+
+
+@pytest.fixture
+async def fleet_daemon(tmp_path: Path, sqlite_url: str) -> AsyncIterator[Daemon]:
+    config = DaemonConfig(
+        listen="127.0.0.1:0",
+        state_dir=str(tmp_path),
+        database_url=sqlite_url,
+        heartbeat_interval_s=0.2,
+        node_lost_after_s=5.0,
+        models=(ModelConfig(name=MODEL, preset="llama2-70b", tp_options=(4, 8)),),
+        planner=PlannerSettings(interval_s=0.3, threshold=0.95, hold_s=0.0, horizon_s=3600),
+    )
+    daemon = Daemon(config)
+    await daemon.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.port}") as ch:
+        agents = fpb_grpc.AgentRegistryStub(ch)
+        for node, product in NODES.items():
+            gpus = [fpb.Gpu(index=i, product_name=product, memory_bytes=80 * GiB) for i in range(8)]
+            await agents.RegisterNode(
+                fpb.RegisterNodeRequest(
+                    node_name=node,
+                    agent_address="127.0.0.1:1",
+                    gpus=gpus,
+                    inventory_source=fpb.INVENTORY_SOURCE_DECLARED,
+                )
+            )
+            statuses = [
+                fpb.WorkerStatus(
+                    worker_id=wid,
+                    model=MODEL,
+                    role=role,
+                    tensor_parallel=tp,
+                    dtype="bf16",
+                    gpu_indices=list(range(tp)),
+                    endpoint=f"127.0.0.1:{9000 + len(wid)}",
+                    state=fpb.WORKER_STATE_SERVING,
+                    counters=fpb.WorkerCounters(worker_id=wid, kv_blocks_total=100_000),
+                )
+                for wid, role, tp in WORKERS[node]
+            ]
+            await agents.Heartbeat(fpb.HeartbeatRequest(node_name=node, workers=statuses))
+    try:
+        yield daemon
+    finally:
+        await daemon.stop(0.1)
+
+
+@pytest.fixture
+async def stubs(fleet_daemon: Daemon):  # type: ignore[no-untyped-def]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{fleet_daemon.port}") as ch:
+        yield pb_grpc.PlacementStub(ch), pb_grpc.PlanningStub(ch)
+
+
+async def test_workers_reported_in_heartbeats_are_listed(stubs) -> None:  # type: ignore[no-untyped-def]
+    _, planning = stubs
+    listed = await planning.ListWorkers(pb.ListWorkersRequest())
+    assert {w.worker_id: w.role for w in listed.workers} == {
+        "dec-h100": fpb.WORKER_ROLE_DECODE,
+        "pre-h200": fpb.WORKER_ROLE_PREFILL,
+    }
+    only_h200 = await planning.ListWorkers(pb.ListWorkersRequest(node_name="h200-1"))
+    assert [w.worker_id for w in only_h200.workers] == ["pre-h200"]
+
+
+async def test_route_answers_with_a_worker_and_feeds_the_traffic_mix(stubs) -> None:  # type: ignore[no-untyped-def]
+    placement, planning = stubs
+    reply = await placement.Route(
+        pb.RouteRequest(model=MODEL, prompt_tokens=200, expected_output_tokens=900)
+    )
+    assert reply.worker_id in {"dec-h100", "pre-h200"}
+    assert reply.endpoint.startswith("127.0.0.1:")
+    assert reply.reason and reply.terms.total > 0
+    assert reply.output_tokens == 900 and not reply.output_estimated
+    # Split pool: the prefill goes to the prefill worker, decode to the decode worker.
+    assert (reply.worker_id, reply.decode_worker_id) == ("pre-h200", "dec-h100")
+
+    estimated = await placement.Route(pb.RouteRequest(model=MODEL, prompt_tokens=300))
+    assert estimated.output_estimated and estimated.output_tokens > 0
+
+    mix = await planning.GetTrafficMix(pb.GetTrafficMixRequest(model=MODEL))
+    assert [m.model for m in mix.models] == [MODEL]
+    assert mix.models[0].requests_in_window == 2
+    assert mix.models[0].prompt_tokens.mean == pytest.approx(250)
+
+
+async def test_decode_heavy_mix_shows_the_gap_and_plans_decode_onto_h200(
+    stubs, fleet_daemon: Daemon
+) -> None:  # type: ignore[no-untyped-def]
+    placement, planning = stubs
+    for _ in range(60):
+        await placement.Route(
+            pb.RouteRequest(model=MODEL, prompt_tokens=128, expected_output_tokens=1500)
+        )
+    plan = await planning.PlanRebalance(pb.PlanRebalanceRequest())
+    assert 0 < plan.efficiency_before < 1
+    assert plan.goodput_after_tokens_per_s > plan.goodput_before_tokens_per_s
+    decode_targets = {
+        m.target.gpu_kind
+        for m in plan.moves
+        if m.HasField("target") and m.target.role == fpb.WORKER_ROLE_DECODE
+    }
+    assert decode_targets == {"H200-SXM"}
+    # The periodic job publishes the same figure and keeps its history.
+    for _ in range(50):
+        report = await planning.GetEfficiency(pb.GetEfficiencyRequest(history=5))
+        if report.history and report.latest.efficiency < 1:
+            break
+        await asyncio.sleep(0.1)
+    # (The figure moves with the window's arrival rate, so it is not compared to the dry run.)
+    assert 0 < report.latest.efficiency < 1
+    assert report.latest.best_goodput_tokens_per_s > report.latest.current_goodput_tokens_per_s
+    assert report.threshold == 0.95 and len(report.history) >= 1
+    assert report.latest.plan_proposed
+
+
+async def test_place_worker_prefers_the_gpu_kind_that_fits_the_role(stubs) -> None:  # type: ignore[no-untyped-def]
+    placement, _ = stubs
+    decode = await placement.PlaceWorker(
+        pb.PlaceWorkerRequest(model=MODEL, role=fpb.WORKER_ROLE_DECODE, tensor_parallel=4)
+    )
+    assert decode.gpu_kind == "H200-SXM" and decode.node_name == "h200-1"
+    assert len(decode.gpu_indices) == 4 and not set(decode.gpu_indices) & set(range(8)) - {
+        4,
+        5,
+        6,
+        7,
+    }
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await placement.PlaceWorker(
+            pb.PlaceWorkerRequest(model=MODEL, role=fpb.WORKER_ROLE_DECODE, tensor_parallel=3)
+        )
+    assert (
+        err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        and "tensor_parallel" in err.value.details()
+    )
+
+
+BAD_ROUTES = [
+    (pb.RouteRequest(model="gpt-nope", prompt_tokens=10), grpc.StatusCode.NOT_FOUND, "model"),
+    (
+        pb.RouteRequest(model=MODEL, prompt_tokens=0),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "prompt_tokens",
+    ),
+    (
+        pb.RouteRequest(model=MODEL, prompt_tokens=-5),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "prompt_tokens",
+    ),
+    (
+        pb.RouteRequest(model=MODEL, prompt_tokens=10, expected_output_tokens=0),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "expected_output_tokens",
+    ),
+    (
+        pb.RouteRequest(model=MODEL, prompt_tokens=10, slo=pb.Slo(ttft_ms=0, tbt_ms=0)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "slo.ttft_ms",
+    ),
+    (
+        pb.RouteRequest(model=MODEL, prompt_tokens=10, slo=pb.Slo(ttft_ms=-1)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "slo.ttft_ms",
+    ),
+    (
+        pb.RouteRequest(model=MODEL, prompt_tokens=10, preferred_worker_id="ghost"),
+        grpc.StatusCode.NOT_FOUND,
+        "ghost",
+    ),
+]
+
+
+@pytest.mark.parametrize(("request_msg", "code", "named"), BAD_ROUTES)
+async def test_bad_route_requests_are_refused_by_field(stubs, request_msg, code, named) -> None:  # type: ignore[no-untyped-def]
+    placement, planning = stubs
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await placement.Route(request_msg)
+    assert err.value.code() == code
+    assert named in err.value.details()
+    mix = await planning.GetTrafficMix(pb.GetTrafficMixRequest())
+    assert all(m.requests_in_window == 0 for m in mix.models)  # nothing was counted
+
+
+async def test_operator_gets_a_dry_run_plan_with_grpcurl(
+    fleet_daemon: Daemon, grpcurl: str
+) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{fleet_daemon.port}") as ch:
+        for _ in range(30):
+            await pb_grpc.PlacementStub(ch).Route(
+                pb.RouteRequest(model=MODEL, prompt_tokens=128, expected_output_tokens=1500)
+            )
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [
+            grpcurl,
+            "-plaintext",
+            "-d",
+            "{}",
+            f"127.0.0.1:{fleet_daemon.port}",
+            "fleetshift.v1.Planning/PlanRebalance",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["moves"] and 0 < plan["efficiency_before"] < 1
+    assert {m["kind"] for m in plan["moves"]} <= {
+        "MOVE_KIND_ROLE_CHANGE",
+        "MOVE_KIND_MIGRATE",
+        "MOVE_KIND_COLD_START",
+        "MOVE_KIND_START",
+        "MOVE_KIND_STOP",
+    }
