@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from fleetshift.v1 import agent_pb2 as fleetshift_dot_v1_dot_agent__pb2
+from fleetshift.v1 import fleet_pb2 as fleetshift_dot_v1_dot_fleet__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -39,6 +40,26 @@ class AgentServiceStub:
                 request_serializer=fleetshift_dot_v1_dot_agent__pb2.GetAgentInfoRequest.SerializeToString,
                 response_deserializer=fleetshift_dot_v1_dot_agent__pb2.AgentInfo.FromString,
                 _registered_method=True)
+        self.StartWorker = channel.unary_unary(
+                '/fleetshift.v1.AgentService/StartWorker',
+                request_serializer=fleetshift_dot_v1_dot_agent__pb2.StartWorkerRequest.SerializeToString,
+                response_deserializer=fleetshift_dot_v1_dot_fleet__pb2.WorkerStatus.FromString,
+                _registered_method=True)
+        self.StopWorker = channel.unary_unary(
+                '/fleetshift.v1.AgentService/StopWorker',
+                request_serializer=fleetshift_dot_v1_dot_agent__pb2.StopWorkerRequest.SerializeToString,
+                response_deserializer=fleetshift_dot_v1_dot_fleet__pb2.WorkerStatus.FromString,
+                _registered_method=True)
+        self.SnapshotWorker = channel.unary_unary(
+                '/fleetshift.v1.AgentService/SnapshotWorker',
+                request_serializer=fleetshift_dot_v1_dot_agent__pb2.SnapshotWorkerRequest.SerializeToString,
+                response_deserializer=fleetshift_dot_v1_dot_agent__pb2.SnapshotWorkerResponse.FromString,
+                _registered_method=True)
+        self.FetchSnapshot = channel.unary_unary(
+                '/fleetshift.v1.AgentService/FetchSnapshot',
+                request_serializer=fleetshift_dot_v1_dot_agent__pb2.FetchSnapshotRequest.SerializeToString,
+                response_deserializer=fleetshift_dot_v1_dot_agent__pb2.FetchSnapshotResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -50,6 +71,33 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartWorker(self, request, context):
+        """Start a worker process; returns once it serves. ALREADY_EXISTS for a running worker id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopWorker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SnapshotWorker(self, request, context):
+        """Snapshot a running worker into this agent's snapshot store.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchSnapshot(self, request, context):
+        """Pull a snapshot from another agent into this one's store (chunked, verified, resumable).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +105,26 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.GetAgentInfo,
                     request_deserializer=fleetshift_dot_v1_dot_agent__pb2.GetAgentInfoRequest.FromString,
                     response_serializer=fleetshift_dot_v1_dot_agent__pb2.AgentInfo.SerializeToString,
+            ),
+            'StartWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartWorker,
+                    request_deserializer=fleetshift_dot_v1_dot_agent__pb2.StartWorkerRequest.FromString,
+                    response_serializer=fleetshift_dot_v1_dot_fleet__pb2.WorkerStatus.SerializeToString,
+            ),
+            'StopWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopWorker,
+                    request_deserializer=fleetshift_dot_v1_dot_agent__pb2.StopWorkerRequest.FromString,
+                    response_serializer=fleetshift_dot_v1_dot_fleet__pb2.WorkerStatus.SerializeToString,
+            ),
+            'SnapshotWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotWorker,
+                    request_deserializer=fleetshift_dot_v1_dot_agent__pb2.SnapshotWorkerRequest.FromString,
+                    response_serializer=fleetshift_dot_v1_dot_agent__pb2.SnapshotWorkerResponse.SerializeToString,
+            ),
+            'FetchSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchSnapshot,
+                    request_deserializer=fleetshift_dot_v1_dot_agent__pb2.FetchSnapshotRequest.FromString,
+                    response_serializer=fleetshift_dot_v1_dot_agent__pb2.FetchSnapshotResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +154,114 @@ class AgentService:
             '/fleetshift.v1.AgentService/GetAgentInfo',
             fleetshift_dot_v1_dot_agent__pb2.GetAgentInfoRequest.SerializeToString,
             fleetshift_dot_v1_dot_agent__pb2.AgentInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetshift.v1.AgentService/StartWorker',
+            fleetshift_dot_v1_dot_agent__pb2.StartWorkerRequest.SerializeToString,
+            fleetshift_dot_v1_dot_fleet__pb2.WorkerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetshift.v1.AgentService/StopWorker',
+            fleetshift_dot_v1_dot_agent__pb2.StopWorkerRequest.SerializeToString,
+            fleetshift_dot_v1_dot_fleet__pb2.WorkerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetshift.v1.AgentService/SnapshotWorker',
+            fleetshift_dot_v1_dot_agent__pb2.SnapshotWorkerRequest.SerializeToString,
+            fleetshift_dot_v1_dot_agent__pb2.SnapshotWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetshift.v1.AgentService/FetchSnapshot',
+            fleetshift_dot_v1_dot_agent__pb2.FetchSnapshotRequest.SerializeToString,
+            fleetshift_dot_v1_dot_agent__pb2.FetchSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,
