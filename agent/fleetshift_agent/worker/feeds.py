@@ -75,6 +75,10 @@ class Feeds:
     def discard(self, session_id: str) -> None:
         self._feeds.pop(session_id, None)
 
+    def live_ids(self) -> list[str]:
+        """Sessions that have neither finished nor left, oldest first."""
+        return [sid for sid, feed in self._feeds.items() if not feed.done]
+
     def close_all(self, why: str) -> None:
         for feed in self._feeds.values():
             feed.close(why)

@@ -341,6 +341,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             compiled=e.compiled,
             paused=self.runner.paused,
             restored_from=self.state.restored_from,
+            session_ids=self.feeds.live_ids(),
         )
 
     @rpc_errors
