@@ -23,7 +23,7 @@ from fleetshift_agent.snapshot import open_snapshot
 from fleetshift_agent.worker.feeds import Feeds
 from fleetshift_agent.worker.runner import EngineRunner
 from fleetshift_agent.worker.service import ROLES, WorkerServicer, WorkerState, binding
-from fleetshift_agent.worker.snapshots import engine_from_snapshot
+from fleetshift_agent.worker.snapshots import declare_gpu, engine_from_snapshot
 from fleetshift_common.lifecycle import stop_event, write_port_file
 from fleetshift_rpc.server import RunningServer, start_server
 
@@ -55,6 +55,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="on restore, load the snapshot's compiled graphs and kernels (generated code: "
         "loaded only after the SHA-256 check and on an identical platform)",
     )
+    p.add_argument(
+        "--restore-sessions",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on restore, resume the snapshot's sessions (--no-restore-sessions: weights and "
+        "compiled graphs only; the sessions move one by one)",
+    )
+    p.add_argument(
+        "--declared-gpu",
+        default="",
+        help="on a CPU, report this GPU product (the node's declared inventory) in the "
+        "compatibility key",
+    )
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--num-blocks", type=int, default=512)
     p.add_argument("--block-size", type=int, default=16)
@@ -75,7 +88,11 @@ def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
     if args.restore_from:
         snap = open_snapshot(args.restore_from)
         restored = engine_from_snapshot(
-            snap, device=args.device, compile=args.compile, use_artifacts=args.compile_artifacts
+            snap,
+            device=args.device,
+            compile=args.compile,
+            use_artifacts=args.compile_artifacts,
+            sessions=args.restore_sessions,
         )
         log.info(
             "restored %d session(s) from %s (KV kept for %d; %s; compiled cache %s)",
@@ -103,6 +120,7 @@ async def serve(args: argparse.Namespace) -> None:
     started = time.monotonic()
     if args.threads:
         torch.set_num_threads(args.threads)
+    declare_gpu(args.declared_gpu)
     engine, restored_from = await asyncio.to_thread(build_engine, args)
     built = time.monotonic()
     if args.warmup and engine.compiled:

@@ -28,6 +28,16 @@ from fleetshift_common.compat import CompatKey, CompatVerdict, compare
 
 SPEC_KIND = "fleetshift-worker"
 
+# The GPU product a CPU worker stands in for (``--declared-gpu``, set once at start): two
+# declared H100 nodes of a CPU test fleet then share a key and an H100 and an H200 do not,
+# exactly as real hardware would behave.
+_declared_gpu = ""
+
+
+def declare_gpu(product: str) -> None:
+    global _declared_gpu
+    _declared_gpu = product
+
 
 def _cpu_name() -> str:
     try:
@@ -65,8 +75,9 @@ def platform_fields(device: torch.device) -> dict[str, object]:
             "cuda_version": str(torch.version.cuda),
         }
     else:
+        product = f"{_declared_gpu} (declared)" if _declared_gpu else f"cpu: {_cpu_name()}"
         gpu = {
-            "gpu_product": f"cpu: {_cpu_name()}",
+            "gpu_product": product,
             "gpu_count": 1,
             "compute_capability": "none",
             "driver_version": "none",
@@ -113,10 +124,14 @@ def write_engine_snapshot(
     )
 
 
-def _read_state(snap: Snapshot, *, weights: bool, artifacts: bool) -> EngineState:
-    wanted = ["kv", "rng"] + (["weights"] if weights else [])
+def _read_state(
+    snap: Snapshot, *, weights: bool, artifacts: bool, sessions: bool = True
+) -> EngineState:
+    wanted = (["kv", "rng"] if sessions else []) + (["weights"] if weights else [])
     groups = {g: snap.load_tensors(g) for g in wanted if g in snap.tensor_groups}
     parts = {p: snap.load_json(p) for p in ("engine", "sessions", "queue")}
+    if not sessions:  # weights and compiled graphs only; sessions move one by one
+        parts["sessions"], parts["queue"] = [], []
     blobs = {name: snap.load_artifact(name) for name in snap.artifacts} if artifacts else {}
     return EngineState(groups, parts, blobs)
 
@@ -134,6 +149,7 @@ def engine_from_snapshot(
     device: str = "",
     compile: bool | None = None,
     use_artifacts: bool = True,
+    sessions: bool = True,
     clock: Clock = time.monotonic,
 ) -> Restored:
     """A new engine from a snapshot's own weights; warm where the key allows, else recomputed."""
@@ -145,7 +161,9 @@ def engine_from_snapshot(
         }
     )
     verdict = compare(skey, dest)
-    state = _read_state(snap, weights=True, artifacts=use_artifacts and verdict.compiled_ok)
+    state = _read_state(
+        snap, weights=True, artifacts=use_artifacts and verdict.compiled_ok, sessions=sessions
+    )
     saved = EngineConfig.from_json(state.json_parts["engine"]["config"])
     overrides = {"device": device or saved.device}
     if compile is not None:
