@@ -9,6 +9,7 @@ upgraded and the registry is loaded: a client that sees the daemon ready sees ev
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -19,19 +20,30 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy import Engine
 
 from fleetshift_common.config import DaemonConfig
+from fleetshift_common.errors import FleetShiftError
 from fleetshift_common.lifecycle import write_port_file
 from fleetshift_common.sdnotify import SdNotifier, watchdog_interval
 from fleetshift_daemon import models
 from fleetshift_daemon.api import fleet as fleet_api
+from fleetshift_daemon.api import operations as operations_api
 from fleetshift_daemon.api import placement as placement_api
+from fleetshift_daemon.api.operations import OperationsServicer
 from fleetshift_daemon.core.fleet import NodeState
 from fleetshift_daemon.core.gpus import GpuCatalogue, default_catalogue
+from fleetshift_daemon.core.moves import MoveLimits, MovePlanner
+from fleetshift_daemon.core.operations import OperationKind, OperationLog
 from fleetshift_daemon.core.placement import PlacementService, PlanningSettings, ServedModel
+from fleetshift_daemon.core.plans import Plan
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.core.workers import WorkerTable
+from fleetshift_daemon.executor import Clients, Executor
 from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
-from fleetshift_daemon.store.work_store import SqlEfficiencyStore, SqlWorkerStore
+from fleetshift_daemon.store.work_store import (
+    SqlEfficiencyStore,
+    SqlOperationStore,
+    SqlWorkerStore,
+)
 from fleetshift_rpc.auth import ServerSecurity, server_security
 from fleetshift_rpc.metrics import DaemonMetrics, MetricsEndpoint, start_metrics_server
 from fleetshift_rpc.ratelimit import RateLimit
@@ -56,6 +68,9 @@ class Daemon:
     catalogue: GpuCatalogue = field(default_factory=default_catalogue)
     models: list[ServedModel] = field(default_factory=list)
     placement: PlacementService | None = None
+    operations: OperationLog | None = None
+    moves: MovePlanner | None = None
+    executor: Executor | None = None
     _scheduler: AsyncIOScheduler | None = None
     _watchdog: asyncio.Task[None] | None = None
 
@@ -87,7 +102,27 @@ class Daemon:
         self.workers.on_change(self.placement.refresh_fleet)
         self.registry.on_change(self.placement.refresh_fleet)
         self.placement.refresh_fleet()
+        self.operations = OperationLog(SqlOperationStore(self.engine), self.clock)
+        await asyncio.to_thread(self.operations.load)
+        p = cfg.planner
+        self.moves = MovePlanner(
+            self.registry,
+            self.workers,
+            self.placement,
+            MoveLimits(p.max_moves_in_flight, p.max_moves_per_node, p.max_moves_per_model),
+        )
+        tls = self.security.tls
+        self.executor = Executor(
+            self.operations,
+            self.registry,
+            self.workers,
+            self.placement,
+            Clients(cfg.max_message_bytes, tls.channel_credentials() if tls else None),
+            self.metrics,
+            self.clock,
+        )
         await self._serve()
+        self.executor.recover()
         self._start_jobs()
         write_port_file(cfg.port_file, self.server.port)
         self.notifier.ready(f"serving on port {self.server.port}")
@@ -139,7 +174,12 @@ class Daemon:
         assert self.registry is not None
         interval_ms = int(self.config.heartbeat_interval_s * 1000)
         assert self.workers is not None and self.placement is not None
+        assert self.operations is not None and self.moves is not None and self.executor
+        ops = OperationsServicer(
+            self.operations, self.moves, self.executor, self.placement, self.workers
+        )
         return [
+            *operations_api.bindings(ops),
             *fleet_api.bindings(
                 self.registry, interval_ms, self.metrics, self.workers, self.placement
             ),
@@ -220,6 +260,33 @@ class Daemon:
                     "reason": report.decision.reason,
                 },
             )
+            if self.config.planner.automatic:
+                await self._execute_plan(report.plan)
+
+    async def _execute_plan(self, plan: Plan) -> None:
+        """Automatic mode: run the proposed plan within the move limits, one at a time."""
+        assert self.moves is not None and self.executor is not None
+        assert self.operations is not None
+        if self.executor.running():
+            return  # the last plan is still moving; the next pass re-plans from its result
+        steps = await asyncio.to_thread(self.moves.plan_steps, plan)
+        if not steps:
+            return
+        try:
+            self.moves.check_minimums(steps)
+        except FleetShiftError as err:
+            log.warning("automatic plan not executed: %s", err)
+            return
+        limit = self.config.planner.max_moves_in_flight
+        op, _ = await asyncio.to_thread(
+            self.operations.create,
+            OperationKind.REBALANCE,
+            "planner (automatic mode)",
+            f"efficiency {plan.efficiency_before:.3f} below target; "
+            f"predicted gain {plan.gain_tokens_per_s:,.0f} tokens/s",
+            tuple(dataclasses.replace(s, index=i) for i, s in enumerate(steps[:limit])),
+        )
+        self.executor.submit(op)
 
     async def _ping_watchdog(self, interval: float) -> None:
         while True:
@@ -228,6 +295,8 @@ class Daemon:
 
     async def stop(self, grace_s: float = 2.0) -> None:
         self.notifier.stopping()
+        if self.executor:
+            await self.executor.stop()
         if self._watchdog:
             self._watchdog.cancel()
         if self._scheduler:

@@ -203,6 +203,21 @@ class OperationLog:
                 self._by_key[idempotency_key] = op.id
             return op, True
 
+    def find_by_key(self, key: str, request: Mapping[str, Any]) -> Operation | None:
+        """The operation a key already made, or None; a different request is refused."""
+        with self._lock:
+            op_id = self._by_key.get(key)
+            if op_id is None:
+                return None
+            op = self._ops[op_id]
+        if op.request_digest != request_digest(request):
+            raise AlreadyExists(
+                f"idempotency_key {key!r} was already used for a different request "
+                f"(operation {op.id})",
+                field="idempotency_key",
+            )
+        return op
+
     def get(self, op_id: str) -> Operation:
         if not op_id:
             raise InvalidArgument("operation_id must not be empty", field="operation_id")

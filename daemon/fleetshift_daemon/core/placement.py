@@ -231,8 +231,18 @@ class PlacementService:
 
     # -- PlaceWorker -------------------------------------------------------------------------
     def place_worker(
-        self, model: str, role: Role, tp: int, dtype: Dtype, prefer_kind: str = ""
+        self,
+        model: str,
+        role: Role,
+        tp: int,
+        dtype: Dtype,
+        prefer_kind: str = "",
+        *,
+        exclude_nodes: Iterable[str] = (),
+        reserved: Iterable[tuple[str, int]] = (),
     ) -> WorkerSlot:
+        """The best node and GPUs for a new worker; ``reserved`` GPUs (node, index) are taken
+        by moves planned in the same operation, ``exclude_nodes`` are never chosen."""
         served = self._served(model)
         if tp < 0 or (tp and tp not in served.tp_options):
             raise InvalidArgument(
@@ -244,11 +254,13 @@ class PlacementService:
                 f"GPU kind {prefer_kind!r} is not in the catalogue", field="prefer_gpu_kind"
             )
         best: tuple[tuple[float, float, int], WorkerSlot] | None = None
+        excluded, taken = set(exclude_nodes), set(reserved)
         for node in self._registry.nodes(NodeState.READY):
             kind = self.gpu_kind(node)
-            if node.cordoned or kind is None:
+            if node.cordoned or kind is None or node.name in excluded:
                 continue
-            free = sorted({g.index for g in node.gpus} - self._workers.gpus_in_use(node.name))
+            busy = self._workers.gpus_in_use(node.name) | {i for n, i in taken if n == node.name}
+            free = sorted({g.index for g in node.gpus} - busy)
             for size in (tp,) if tp else sorted(served.tp_options):
                 if len(free) < size or not self._fits(served, kind, size, dtype):
                     continue

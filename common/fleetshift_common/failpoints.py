@@ -1,0 +1,48 @@
+"""Failpoints: named places where a test can make a process crash or wait.
+
+Crash-safety claims ("kill the daemon at any step of a move and nothing is lost") are only worth
+something if each step is actually hit. ``FLEETSHIFT_FAILPOINTS`` holds a comma-separated list
+of ``<name>=crash`` (SIGKILL this process right there) or ``<name>=hold:<file>`` (create
+``<file>``, then wait until it is deleted, so a test can kill another process at that moment).
+Unset in production, a failpoint costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+ENV = "FLEETSHIFT_FAILPOINTS"
+
+
+def _parse(raw: str) -> dict[str, str]:
+    points: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in raw.split(","))):
+        name, _, action = item.partition("=")
+        points[name] = action
+    return points
+
+
+class Failpoints:
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self._points = _parse((os.environ if environ is None else environ).get(ENV, ""))
+
+    def hit(self, name: str) -> None:
+        """Blocking: call it from a thread when the caller is an event loop."""
+        action = self._points.get(name)
+        if action is None:
+            return
+        if action == "crash":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if action.startswith("hold:"):
+            marker = Path(action.removeprefix("hold:"))
+            marker.write_text(name)
+            while marker.exists():
+                time.sleep(0.02)
+
+    @property
+    def armed(self) -> bool:
+        return bool(self._points)

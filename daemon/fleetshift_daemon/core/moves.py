@@ -1,0 +1,235 @@
+"""Turning an operator's request or a planner's plan into checked, executable steps.
+
+Everything that can be refused is refused here, before an operation exists: a cordoned or lost
+target, GPUs that are busy, absent or too small for the model, a move that would leave a model
+below its minimum of serving workers, or more moves in flight than the limits allow. So a
+refused request starts nothing and leaves no trace but the error.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from fleetshift_common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
+from fleetshift_daemon.core.fleet import NodeRecord, NodeState
+from fleetshift_daemon.core.operations import Operation, Step, StepKind
+from fleetshift_daemon.core.perfmodel import Deployment
+from fleetshift_daemon.core.placement import PlacementService
+from fleetshift_daemon.core.plans import MoveKind, Plan
+from fleetshift_daemon.core.registry import Registry
+from fleetshift_daemon.core.routing import Role
+from fleetshift_daemon.core.workers import WorkerRecord, WorkerState, WorkerTable
+
+
+@dataclass(frozen=True)
+class MoveLimits:
+    max_in_flight: int = 2  # steps running at once, fleet-wide
+    max_per_node: int = 1  # per source or target node
+    max_per_model: int = 1
+
+
+@dataclass(frozen=True)
+class MoveRequest:
+    worker_id: str
+    target_node: str
+    target_gpus: tuple[int, ...] = ()
+    target_role: Role | None = None
+
+
+class MovePlanner:
+    """Builds steps; reads the registry, never writes it."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        workers: WorkerTable,
+        placement: PlacementService,
+        limits: MoveLimits | None = None,
+    ) -> None:
+        self._registry = registry
+        self._workers = workers
+        self._placement = placement
+        self.limits = limits or MoveLimits()
+
+    def move_step(
+        self, req: MoveRequest, index: int = 0, reserved: Iterable[tuple[str, int]] = ()
+    ) -> Step:
+        worker = self._workers.get(req.worker_id)
+        if not worker.state.alive or worker.operation_id:
+            raise FailedPrecondition(
+                f"worker {worker.id!r} is {worker.state.value}"
+                + (f" and owned by operation {worker.operation_id}" if worker.operation_id else ""),
+                field="worker_id",
+            )
+        target = self._target_node(req.target_node)
+        role = req.target_role or worker.spec.role
+        if target.name == worker.node and (
+            not req.target_gpus or set(req.target_gpus) == set(worker.gpu_indices)
+        ):
+            if role is worker.spec.role:
+                raise InvalidArgument(
+                    "the move changes nothing: same node, GPUs and role", field="target_node"
+                )
+            return Step(
+                index, StepKind.ROLE_CHANGE, worker.id, target.name, role.value, worker.gpu_indices
+            )
+        gpus = self._target_gpus(worker, target, req.target_gpus, set(reserved))
+        source_kind = self._kind(self._registry.get(worker.node))
+        target_kind = self._kind(target)
+        kind = StepKind.MIGRATE if source_kind == target_kind else StepKind.COLD_START
+        return Step(index, kind, worker.id, target.name, role.value, gpus)
+
+    def _target_node(self, name: str) -> NodeRecord:
+        if not name:
+            raise InvalidArgument("target_node must name a node", field="target_node")
+        node = self._registry.get(name)
+        if node.state is not NodeState.READY:
+            raise FailedPrecondition(
+                f"target node {name!r} is {node.state.value}", field="target_node"
+            )
+        if node.cordoned:
+            raise FailedPrecondition(
+                f"target node {name!r} is cordoned ({node.cordon_reason or 'no reason given'})",
+                field="target_node",
+            )
+        return node
+
+    def _kind(self, node: NodeRecord) -> str:
+        kind = self._placement.gpu_kind(node)
+        return kind.name if kind else node.gpu_products[0] if node.gpus else ""
+
+    def _target_gpus(
+        self,
+        worker: WorkerRecord,
+        target: NodeRecord,
+        wanted: Sequence[int],
+        reserved: set[tuple[str, int]],
+    ) -> tuple[int, ...]:
+        tp = worker.spec.tp
+        present = {g.index for g in target.gpus}
+        busy = self._workers.gpus_in_use(target.name) | {i for n, i in reserved if n == target.name}
+        if wanted:
+            if len(wanted) != tp or len(set(wanted)) != tp:
+                raise InvalidArgument(
+                    f"target_gpus must list {tp} distinct GPUs (the worker's tensor parallelism)",
+                    field="target_gpus",
+                )
+            absent = sorted(set(wanted) - present)
+            if absent:
+                raise FailedPrecondition(
+                    f"target node {target.name!r} has no GPU {absent}", field="target_gpus"
+                )
+            taken = sorted(set(wanted) & busy)
+            if taken:
+                raise FailedPrecondition(
+                    f"GPUs {taken} of {target.name!r} are held by another worker",
+                    field="target_gpus",
+                )
+            gpus = tuple(sorted(wanted))
+        else:
+            free = sorted(present - busy)
+            if len(free) < tp:
+                raise FailedPrecondition(
+                    f"target node {target.name!r} has {len(free)} free GPUs, the worker needs {tp}",
+                    field="target_gpus",
+                )
+            gpus = tuple(free[:tp])
+        self._check_memory(worker, target)
+        return gpus
+
+    def _check_memory(self, worker: WorkerRecord, target: NodeRecord) -> None:
+        served = self._placement.models.get(worker.spec.model)
+        kind = self._placement.gpu_kind(target)
+        if served is None or kind is None:
+            return  # unknown to the performance model: the agent's own start will tell
+        dep = Deployment(served.arch, kind, worker.spec.tp, worker.spec.dtype)
+        try:
+            fits = self._placement.perf.kv_capacity_tokens(dep, 0.0) > 0
+        except FailedPrecondition:
+            fits = False
+        if not fits:
+            raise FailedPrecondition(
+                f"{worker.spec.model!r} at tp {worker.spec.tp} does not fit in the memory of "
+                f"{target.name!r} ({kind.name})",
+                field="target_node",
+            )
+
+    def drain_steps(self, node_name: str) -> tuple[Step, ...]:
+        node = self._registry.get(node_name)
+        steps: list[Step] = []
+        reserved: list[tuple[str, int]] = []
+        for worker in self._workers.all(node=node.name):
+            if not worker.state.alive:
+                continue
+            target = self._placement.place_worker(
+                worker.spec.model,
+                worker.spec.role,
+                worker.spec.tp,
+                worker.spec.dtype,
+                exclude_nodes={node.name},
+                reserved=reserved,
+            )
+            step = self.move_step(
+                MoveRequest(worker.id, target.node, target.gpu_indices), len(steps), reserved
+            )
+            reserved.extend((target.node, i) for i in step.target_gpus)
+            steps.append(step)
+        return tuple(steps)
+
+    def plan_steps(self, plan: Plan) -> tuple[Step, ...]:
+        """The executable part of a plan: role changes and moves of existing workers."""
+        steps: list[Step] = []
+        reserved: list[tuple[str, int]] = []
+        for move in plan.moves:
+            if move.kind not in (MoveKind.ROLE_CHANGE, MoveKind.MIGRATE, MoveKind.COLD_START):
+                continue
+            if move.source is None or move.target is None or not move.source.worker_id:
+                continue
+            try:
+                step = self.move_step(
+                    MoveRequest(move.source.worker_id, move.target.node, (), move.target.role),
+                    len(steps),
+                    reserved,
+                )
+            except (FailedPrecondition, InvalidArgument, NotFound):
+                continue  # the fleet moved on since the plan; the next pass re-plans
+            reserved.extend((step.target_node, i) for i in step.target_gpus)
+            steps.append(step)
+        return tuple(steps)
+
+    def check_minimums(self, steps: Sequence[Step]) -> None:
+        """A model must keep its minimum of serving workers at every moment of the operation.
+
+        Moves are make-before-break, so a move never lowers the count; what can is a worker
+        already failed or draining elsewhere. Refuse when the model is below its minimum now
+        and the operation would take a serving worker into a move."""
+        serving = Counter(
+            w.spec.model for w in self._workers.alive() if w.state is WorkerState.SERVING
+        )
+        for step in steps:
+            worker = self._workers.get(step.worker_id)
+            served = self._placement.models.get(worker.spec.model)
+            minimum = served.min_workers if served else 0
+            if serving[worker.spec.model] - 1 < minimum and step.kind is not StepKind.ROLE_CHANGE:
+                raise FailedPrecondition(
+                    f"moving {worker.id!r} would leave {worker.spec.model!r} with "
+                    f"{serving[worker.spec.model] - 1} serving workers during the move, below its "
+                    f"minimum of {minimum}",
+                    field="worker_id",
+                )
+
+    def check_limits(self, steps: Sequence[Step], running: Iterable[Operation]) -> None:
+        in_flight = [s for op in running for s in op.steps if not s.state.finished]
+        if len(in_flight) + min(len(steps), 1) > self.limits.max_in_flight:
+            raise ResourceExhausted(
+                f"{len(in_flight)} moves are in flight, the limit is {self.limits.max_in_flight}; "
+                "retry when one finishes",
+                field="operation",
+            )

@@ -1,0 +1,474 @@
+"""Executes operations: each step a persisted state machine, make-before-break.
+
+A move of a worker runs through phases, and each phase is written to the operation log before
+the next action starts:
+
+    planned -> target_reserved -> [snapshot_taken -> snapshot_fetched] -> target_started
+            -> source_paused -> sessions_copied -> switched -> source_retired -> done
+
+(the bracketed phases only for a warm migrate to the same GPU model). Until ``switched`` the
+source worker serves, or holds its sessions paused; a failure anywhere before it rolls back:
+the target is stopped, the source resumed, nothing lost. From ``switched`` on the target owns
+every session and the step is completed forward whatever happens. A daemon that restarts
+applies the same rule to the phase it finds in the log, so every session has exactly one
+worker, and the operation records which way it went.
+
+Sessions move while the source is paused at a step boundary: each is exported (with its KV for
+a warm migrate, as token history for a cold start) and imported at the target, which continues
+generating at once; the source cancels them only after the switch, so its clients' streams end
+with ABORTED "moved" and they re-attach through ``LocateSession`` at the token they reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from fleetshift.v1 import agent_pb2, agent_pb2_grpc, worker_pb2, worker_pb2_grpc
+from fleetshift_common.errors import FailedPrecondition
+from fleetshift_common.failpoints import Failpoints
+from fleetshift_daemon.api import convert
+from fleetshift_daemon.core.operations import (
+    Operation,
+    OperationLog,
+    OperationState,
+    Step,
+    StepKind,
+    StepState,
+)
+from fleetshift_daemon.core.placement import PlacementService
+from fleetshift_daemon.core.registry import Registry
+from fleetshift_daemon.core.routing import Role
+from fleetshift_daemon.core.workers import WorkerRecord, WorkerSpec, WorkerState, WorkerTable
+from fleetshift_rpc.metrics import DaemonMetrics
+from fleetshift_rpc.server import channel
+
+log = logging.getLogger("fleetshift.daemon.executor")
+
+PHASES = (
+    "planned",
+    "target_reserved",
+    "snapshot_taken",
+    "snapshot_fetched",
+    "target_started",
+    "source_paused",
+    "sessions_copied",
+    "switched",
+    "source_retired",
+    "done",
+)
+SWITCHED = PHASES.index("switched")
+RPC_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 600.0
+
+
+class StepFailed(Exception):
+    pass
+
+
+@dataclass
+class Clients:
+    """gRPC channels to agents and workers, one per address, reused across steps."""
+
+    max_message_bytes: int
+    credentials: grpc.ChannelCredentials | None = None
+    _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        if address not in self._channels:
+            self._channels[address] = channel(address, self.max_message_bytes, self.credentials)
+        return self._channels[address]
+
+    def agent(self, address: str) -> agent_pb2_grpc.AgentServiceStub:
+        return agent_pb2_grpc.AgentServiceStub(self._channel(address))
+
+    def worker(self, endpoint: str) -> worker_pb2_grpc.WorkerServiceStub:
+        return worker_pb2_grpc.WorkerServiceStub(self._channel(endpoint))
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()
+
+
+class Executor:
+    def __init__(
+        self,
+        ops: OperationLog,
+        registry: Registry,
+        workers: WorkerTable,
+        placement: PlacementService,
+        clients: Clients,
+        metrics: DaemonMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+        failpoints: Failpoints | None = None,
+    ) -> None:
+        self._ops = ops
+        self._registry = registry
+        self._workers = workers
+        self._placement = placement
+        self._clients = clients
+        self._metrics = metrics
+        self._clock = clock
+        self._failpoints = failpoints or Failpoints()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def submit(self, op: Operation, recovering: bool = False) -> None:
+        if op.id in self._tasks and not self._tasks[op.id].done():
+            return
+        self._tasks[op.id] = asyncio.create_task(
+            self._run(op.id, recovering), name=f"operation {op.id}"
+        )
+
+    def recover(self) -> list[str]:
+        """Resume every operation a previous daemon process left unfinished."""
+        resumed = []
+        for op in self._ops.list(limit=10_000, unfinished_only=True):
+            log.warning("resuming operation after a restart", extra={"operation": op.id})
+            self.submit(op, recovering=True)
+            resumed.append(op.id)
+        return resumed
+
+    async def stop(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await self._clients.close()
+
+    def running(self) -> list[Operation]:
+        return [self._ops.get(i) for i, t in self._tasks.items() if not t.done()]
+
+    async def wait(self, op_id: str) -> Operation:
+        task = self._tasks.get(op_id)
+        if task is not None:
+            await asyncio.shield(task)
+        return self._ops.get(op_id)
+
+    # -- the operation -----------------------------------------------------------------------
+    async def _run(self, op_id: str, recovering: bool = False) -> None:
+        started = self._clock()
+        op = await self._save(op_id, state=OperationState.RUNNING)
+        failed = await self._recover_step(op) if recovering else ""
+        for step in self._ops.get(op_id).steps:
+            if step.state.finished:
+                continue
+            op = self._ops.get(op_id)
+            if op.cancel_requested and step.state is StepState.PENDING:
+                await self._save_step(op_id, step.index, state=StepState.SKIPPED)
+                continue
+            if failed:
+                await self._save_step(
+                    op_id, step.index, state=StepState.SKIPPED, error="an earlier step failed"
+                )
+                continue
+            try:
+                await self._run_step(op_id, step.index)
+            except Exception as err:  # every failure becomes a rolled-back step, never a crash
+                failed = f"step {step.index} ({step.kind.value} of {step.worker_id}): {err}"
+                log.error("step failed: %s", failed, extra={"operation": op_id})
+        op = self._ops.get(op_id)
+        if failed:
+            state = OperationState.FAILED
+        elif op.cancel_requested and any(s.state is StepState.SKIPPED for s in op.steps):
+            state = OperationState.CANCELLED
+        else:
+            state = OperationState.SUCCEEDED
+        op = await self._save(op_id, state=state, error=failed)
+        if self._metrics is not None:
+            self._metrics.operation_finished(op.kind.value, state.value, self._clock() - started)
+        log.info("operation finished", extra={"operation": op_id, "state": state.value})
+
+    async def _recover_step(self, op: Operation) -> str:
+        """The step a dead daemon was in: forward from the switch on, else rolled back (and the
+        operation stops there: what was planned before the restart may no longer hold)."""
+        for step in op.steps:
+            if step.state is not StepState.RUNNING:
+                continue
+            if PHASES.index(step.phase) >= SWITCHED:
+                await self._finish_forward(op.id, step)
+                return ""
+            why = f"the daemon restarted during step {step.index} at phase {step.phase!r}"
+            await self._rollback(op.id, step, why)
+            return why + "; rolled back"
+        return ""
+
+    async def _run_step(self, op_id: str, index: int) -> None:
+        step = self._ops.get(op_id).steps[index]
+        if step.state is StepState.PENDING:
+            step = await self._save_step(
+                op_id, index, state=StepState.RUNNING, started_at=self._clock()
+            )
+        try:
+            if step.kind is StepKind.ROLE_CHANGE:
+                await self._role_change(op_id, step)
+            else:
+                await self._move(op_id, step)
+        except Exception as err:
+            step = self._ops.get(op_id).steps[index]
+            if PHASES.index(step.phase) >= SWITCHED:
+                await self._finish_forward(op_id, step)  # the target owns the sessions now
+                return
+            await self._rollback(op_id, step, str(err))
+            raise
+
+    async def _role_change(self, op_id: str, step: Step) -> None:
+        worker = self._workers.get(step.worker_id)
+        role = Role(step.target_role)
+        stub = self._clients.worker(worker.endpoint)
+        await stub.SetRole(
+            worker_pb2.SetWorkerRoleRequest(role=convert.ROLE_TO_PB[role]), timeout=RPC_TIMEOUT_S
+        )
+        await asyncio.to_thread(self._workers.update, worker.id, spec=_with_role(worker, role))
+        await self._save_step(
+            op_id, step.index, phase="done", state=StepState.DONE, finished_at=self._clock()
+        )
+
+    # -- a move, phase by phase ---------------------------------------------------------------
+    async def _move(self, op_id: str, step: Step) -> None:
+        source = self._workers.get(step.worker_id)
+        warm = step.kind is StepKind.MIGRATE
+        if _before(step, "target_reserved"):
+            step = await self._reserve(op_id, step, source)
+        if warm and _before(step, "snapshot_taken"):
+            step = await self._snapshot(op_id, step, source)
+        if warm and _before(step, "snapshot_fetched"):
+            step = await self._fetch(op_id, step, source)
+        if _before(step, "target_started"):
+            step = await self._start_target(op_id, step, source, warm)
+        if _before(step, "sessions_copied"):
+            step = await self._copy_sessions(op_id, step, source, warm)
+        if _before(step, "switched"):
+            step = await self._switch(op_id, step, source)
+        await self._finish_forward(op_id, step)
+
+    async def _reserve(self, op_id: str, step: Step, source: WorkerRecord) -> Step:
+        new_id = f"w-{uuid.uuid4().hex[:10]}"
+        await asyncio.to_thread(
+            self._workers.update, source.id, state=WorkerState.DRAINING, operation_id=op_id
+        )
+        target = WorkerRecord(
+            id=new_id,
+            node=step.target_node,
+            spec=_with_role(source, Role(step.target_role)),
+            gpu_indices=step.target_gpus,
+            endpoint="",
+            state=WorkerState.STARTING,
+            created_at=self._clock(),
+            operation_id=op_id,
+        )
+        await asyncio.to_thread(self._workers.add, target)
+        return await self._phase(op_id, step, "target_reserved", new_worker_id=new_id)
+
+    async def _snapshot(self, op_id: str, step: Step, source: WorkerRecord) -> Step:
+        snapshot_id = f"{op_id}-{step.index}"
+        agent = self._clients.agent(self._registry.get(source.node).agent_address)
+        reply = await agent.SnapshotWorker(
+            agent_pb2.SnapshotWorkerRequest(worker_id=source.id, snapshot_id=snapshot_id),
+            timeout=START_TIMEOUT_S,
+        )
+        return await self._phase(
+            op_id, step, "snapshot_taken", snapshot_id=snapshot_id, bytes_moved=reply.size_bytes
+        )
+
+    async def _fetch(self, op_id: str, step: Step, source: WorkerRecord) -> Step:
+        target_agent = self._clients.agent(self._registry.get(step.target_node).agent_address)
+        source_address = self._registry.get(source.node).agent_address
+        await target_agent.FetchSnapshot(
+            agent_pb2.FetchSnapshotRequest(
+                source_agent_address=source_address, snapshot_id=step.snapshot_id
+            ),
+            timeout=START_TIMEOUT_S,
+        )
+        return await self._phase(op_id, step, "snapshot_fetched")
+
+    async def _start_target(self, op_id: str, step: Step, source: WorkerRecord, warm: bool) -> Step:
+        served = self._placement.models.get(source.spec.model)
+        target_agent = self._clients.agent(self._registry.get(step.target_node).agent_address)
+        role = Role(step.target_role)
+        request = agent_pb2.StartWorkerRequest(
+            worker_id=step.new_worker_id,
+            model=source.spec.model,
+            model_dir=served.model_dir if served else "",
+            role=convert.ROLE_TO_PB[role],
+            tensor_parallel=source.spec.tp,
+            dtype=source.spec.dtype.value,
+            gpu_indices=list(step.target_gpus),
+            restore_snapshot_id=step.snapshot_id if warm else "",
+        )
+        try:
+            status = await target_agent.StartWorker(request, timeout=START_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:
+            if err.code() != grpc.StatusCode.ALREADY_EXISTS:  # a retry after a daemon restart
+                raise
+            info = await target_agent.GetAgentInfo(
+                agent_pb2.GetAgentInfoRequest(), timeout=RPC_TIMEOUT_S
+            )
+            status = next(w for w in info.workers if w.worker_id == step.new_worker_id)
+        await asyncio.to_thread(self._workers.update, step.new_worker_id, endpoint=status.endpoint)
+        return await self._phase(op_id, step, "target_started")
+
+    async def _copy_sessions(
+        self, op_id: str, step: Step, source: WorkerRecord, warm: bool
+    ) -> Step:
+        src = self._clients.worker(source.endpoint)
+        dst = self._clients.worker(self._workers.get(step.new_worker_id).endpoint)
+        paused_at = time.monotonic()
+        await src.Pause(worker_pb2.WorkerPauseRequest(), timeout=RPC_TIMEOUT_S)
+        step = await self._phase(op_id, step, "source_paused")
+        info = await src.GetInfo(worker_pb2.GetWorkerInfoRequest(), timeout=RPC_TIMEOUT_S)
+        moved, moved_bytes = [], 0
+        for session_id in getattr(info, "session_ids", ()):
+            try:
+                exported = await src.ExportSession(
+                    worker_pb2.ExportSessionRequest(
+                        session_id=session_id, with_kv=warm, release=False
+                    ),
+                    timeout=RPC_TIMEOUT_S,
+                )
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    continue  # finished meanwhile: nothing to carry
+                raise
+            await dst.ImportSession(
+                worker_pb2.ImportSessionRequest(blob=exported.blob), timeout=RPC_TIMEOUT_S
+            )
+            moved.append(session_id)
+            moved_bytes += len(exported.blob)
+        pause_ms = (time.monotonic() - paused_at) * 1000
+        await asyncio.to_thread(self._workers.update, step.new_worker_id, sessions=tuple(moved))
+        return await self._phase(
+            op_id,
+            step,
+            "sessions_copied",
+            sessions_carried=len(moved),
+            bytes_moved=step.bytes_moved + moved_bytes,
+            max_session_pause_ms=pause_ms,
+        )
+
+    async def _switch(self, op_id: str, step: Step, source: WorkerRecord) -> Step:
+        target = self._workers.get(step.new_worker_id)
+        await asyncio.to_thread(
+            self._workers.update, target.id, state=WorkerState.SERVING, operation_id=""
+        )
+        await asyncio.to_thread(
+            self._workers.update, source.id, state=WorkerState.DRAINING, sessions=()
+        )
+        return await self._phase(op_id, step, "switched")
+
+    async def _finish_forward(self, op_id: str, step: Step) -> None:
+        """From the switch on: end the source's copies of the sessions, retire it, done."""
+        source = self._workers.find(step.worker_id)
+        if source is not None and source.state.alive and _before(step, "source_retired"):
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self._cancel_all(source)
+            await self._stop_worker(source)
+            await asyncio.to_thread(
+                self._workers.update,
+                source.id,
+                state=WorkerState.STOPPED,
+                operation_id="",
+                sessions=(),
+            )
+            step = await self._phase(op_id, step, "source_retired")
+        target = self._workers.find(step.new_worker_id)
+        if target is not None and target.operation_id:
+            await asyncio.to_thread(
+                self._workers.update, target.id, state=WorkerState.SERVING, operation_id=""
+            )
+        await self._save_step(
+            op_id, step.index, phase="done", state=StepState.DONE, finished_at=self._clock()
+        )
+        if self._metrics is not None:
+            done = self._ops.get(op_id).steps[step.index]
+            self._metrics.step_moved(done.kind.value, done.bytes_moved, done.sessions_carried)
+
+    async def _cancel_all(self, source: WorkerRecord) -> None:
+        src = self._clients.worker(source.endpoint)
+        info = await src.GetInfo(worker_pb2.GetWorkerInfoRequest(), timeout=RPC_TIMEOUT_S)
+        for session_id in getattr(info, "session_ids", ()):
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await src.CancelSession(
+                    worker_pb2.CancelSessionRequest(session_id=session_id), timeout=RPC_TIMEOUT_S
+                )
+
+    # -- undo ---------------------------------------------------------------------------------
+    async def _rollback(self, op_id: str, step: Step, why: str) -> None:
+        log.warning("rolling back step %d: %s", step.index, why, extra={"operation": op_id})
+        target = self._workers.find(step.new_worker_id) if step.new_worker_id else None
+        if target is not None and target.state.alive:
+            await self._stop_worker(target)
+            await asyncio.to_thread(
+                self._workers.update,
+                target.id,
+                state=WorkerState.STOPPED,
+                operation_id="",
+                sessions=(),
+            )
+        source = self._workers.find(step.worker_id)
+        if source is not None:
+            if PHASES.index(step.phase) >= PHASES.index("target_started"):
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await self._clients.worker(source.endpoint).Resume(
+                        worker_pb2.WorkerResumeRequest(), timeout=RPC_TIMEOUT_S
+                    )
+            if source.state.alive:
+                await asyncio.to_thread(
+                    self._workers.update, source.id, state=WorkerState.SERVING, operation_id=""
+                )
+        await self._save_step(
+            op_id, step.index, state=StepState.ROLLED_BACK, error=why, finished_at=self._clock()
+        )
+
+    async def _stop_worker(self, worker: WorkerRecord, deadline_s: float = 120.0) -> None:
+        """Stop a worker through its agent, retrying while the agent is down or restarting."""
+        if not worker.endpoint:
+            return
+        give_up = time.monotonic() + deadline_s
+        delay = 0.2
+        while True:
+            try:
+                agent = self._clients.agent(self._registry.get(worker.node).agent_address)
+                await agent.StopWorker(
+                    agent_pb2.StopWorkerRequest(worker_id=worker.id), timeout=RPC_TIMEOUT_S
+                )
+                return
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.NOT_FOUND:
+                    return  # already gone
+                if time.monotonic() > give_up:
+                    raise FailedPrecondition(
+                        f"could not stop worker {worker.id!r} on {worker.node!r}: {err.details()}",
+                        field="worker_id",
+                    ) from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    # -- persistence helpers ------------------------------------------------------------------
+    async def _phase(self, op_id: str, step: Step, phase: str, **changes: object) -> Step:
+        saved = await self._save_step(op_id, step.index, phase=phase, **changes)
+        await asyncio.to_thread(self._failpoints.hit, f"after:{phase}")
+        return saved
+
+    async def _save_step(self, op_id: str, index: int, **changes: object) -> Step:
+        op = await asyncio.to_thread(self._ops.update_step, op_id, index, **changes)
+        return op.steps[index]
+
+    async def _save(self, op_id: str, **changes: object) -> Operation:
+        return await asyncio.to_thread(self._ops.update, op_id, **changes)
+
+
+def _before(step: Step, phase: str) -> bool:
+    return PHASES.index(step.phase) < PHASES.index(phase)
+
+
+def _with_role(worker: WorkerRecord, role: Role) -> WorkerSpec:
+    return dataclasses.replace(worker.spec, role=role)
