@@ -229,7 +229,9 @@ class WorkerTable:
             spec=report.spec,
             state=known.state if known.operation_id else report.state,
             counters=report.counters,
-            sessions=report.sessions,
+            # A moving worker's sessions are the executor's to say: a report polled before the
+            # switch must not put moved sessions back on the source.
+            sessions=known.sessions if known.operation_id else report.sessions,
         )
         if durable:
             self._store.save_worker(updated)

@@ -1,0 +1,84 @@
+"""A client stream that follows its session across moves.
+
+A move ends the source worker's stream with ABORTED ("moved") once the target owns the
+session; the client asks the daemon where the session lives now and re-attaches there at the
+next token index, so the caller sees one uninterrupted, duplicate-free token stream. This is
+what the fleet's router (or any client library) does; tests use it to prove no token is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+
+from fleetshift.v1 import operations_pb2, operations_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+RELOCATABLE = (grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
+
+
+class SessionLost(Exception):
+    pass
+
+
+async def follow_session(
+    daemon: grpc.aio.Channel,
+    endpoint: str,
+    request: worker_pb2.GenerateRequest,
+    *,
+    relocate_timeout_s: float = 120.0,
+    max_message_bytes: int = 64 << 20,
+) -> AsyncIterator[worker_pb2.GenerateResponse]:
+    """Yield the session's tokens in order, re-attaching after each move, until it finishes."""
+    locator = operations_pb2_grpc.OperationsStub(daemon)
+    session_id, received, first = request.session_id, 0, True
+    options = [("grpc.max_receive_message_length", max_message_bytes)]
+    while True:
+        call_request = (
+            request
+            if first
+            else worker_pb2.GenerateRequest(
+                resume_session_id=session_id, resume_from_token=received
+            )
+        )
+        try:
+            async with grpc.aio.insecure_channel(endpoint, options=options) as ch:
+                async for msg in worker_pb2_grpc.WorkerServiceStub(ch).Generate(call_request):
+                    first = False
+                    session_id = msg.session_id
+                    if msg.index < received:
+                        continue  # replayed by the new worker: already delivered
+                    received = msg.index + 1
+                    yield msg
+                    if msg.finished:
+                        return
+        except grpc.aio.AioRpcError as err:
+            if (
+                err.code() not in RELOCATABLE
+                or not session_id
+                or (first and not request.session_id)
+            ):
+                raise
+            first = False
+        endpoint = await _locate(locator, session_id, endpoint, relocate_timeout_s)
+
+
+async def _locate(
+    locator: operations_pb2_grpc.OperationsStub, session_id: str, old: str, timeout_s: float
+) -> str:
+    """The session's new endpoint (the daemon learns it at the switch, or from heartbeats)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            where = await locator.LocateSession(
+                operations_pb2.LocateSessionRequest(session_id=session_id), timeout=5
+            )
+            if where.endpoint and where.endpoint != old:
+                return where.endpoint
+        except grpc.aio.AioRpcError as err:
+            if err.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                raise
+        if asyncio.get_running_loop().time() > deadline:
+            raise SessionLost(f"session {session_id!r} did not reappear within {timeout_s}s")
+        await asyncio.sleep(0.05)
