@@ -1,0 +1,241 @@
+"""The Operations API's refusals and bookkeeping, over real gRPC.
+
+Nodes and workers are declared by real gRPC clients speaking the agent protocol (their agent
+addresses lead nowhere), so a move that passes validation fails at its first agent call: that
+is used here to check that a failed operation rolls back and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fleetshift.v1 import fleet_pb2 as fpb
+from fleetshift.v1 import fleet_pb2_grpc as fpb_grpc
+from fleetshift.v1 import operations_pb2 as pb
+from fleetshift.v1 import operations_pb2_grpc as pb_grpc
+from fleetshift.v1 import placement_pb2 as ppb
+from fleetshift.v1 import placement_pb2_grpc as ppb_grpc
+from fleetshift_common.config import DaemonConfig, ModelConfig, PlannerSettings
+from fleetshift_daemon.app import Daemon
+
+GiB = 1024**3
+NODES = {
+    "h100-1": ("NVIDIA H100 80GB HBM3", 80),
+    "h100-2": ("NVIDIA H100 80GB HBM3", 80),
+    "h200-1": ("NVIDIA H200", 141),
+    "l40s-1": ("NVIDIA L40S", 48),
+    "gone-1": ("NVIDIA H100 80GB HBM3", 80),
+}
+WORKERS = {  # node -> (worker, model, role, tp, gpus)
+    "h100-1": [("w1", "llama-70b", fpb.WORKER_ROLE_DECODE, 4, [0, 1, 2, 3])],
+    "h200-1": [
+        ("w2", "llama-70b", fpb.WORKER_ROLE_PREFILL, 2, [0, 1]),
+        ("g1", "llama-guarded", fpb.WORKER_ROLE_MIXED, 2, [2, 3]),
+    ],
+}
+
+
+async def heartbeat(agents: fpb_grpc.AgentRegistryStub, node: str) -> None:
+    statuses = [
+        fpb.WorkerStatus(
+            worker_id=wid,
+            model=model,
+            role=role,
+            tensor_parallel=tp,
+            gpu_indices=gpus,
+            endpoint="127.0.0.1:1",
+            state=fpb.WORKER_STATE_SERVING,
+        )
+        for wid, model, role, tp, gpus in WORKERS.get(node, [])
+    ]
+    await agents.Heartbeat(fpb.HeartbeatRequest(node_name=node, workers=statuses))
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path, sqlite_url: str) -> AsyncIterator[Daemon]:
+    config = DaemonConfig(
+        listen="127.0.0.1:0",
+        state_dir=str(tmp_path),
+        database_url=sqlite_url,
+        heartbeat_interval_s=0.1,
+        node_lost_after_s=0.5,
+        liveness_check_interval_s=0.05,
+        models=(
+            ModelConfig(name="llama-70b", preset="llama2-70b", tp_options=(2, 4, 8)),
+            ModelConfig(name="llama-guarded", preset="llama2-70b", tp_options=(2,), min_workers=1),
+        ),
+        planner=PlannerSettings(interval_s=0),
+    )
+    app = Daemon(config)
+    await app.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as ch:
+        agents = fpb_grpc.AgentRegistryStub(ch)
+        for node, (product, gb) in NODES.items():
+            gpus = [fpb.Gpu(index=i, product_name=product, memory_bytes=gb * GiB) for i in range(8)]
+            await agents.RegisterNode(
+                fpb.RegisterNodeRequest(node_name=node, agent_address="127.0.0.1:1", gpus=gpus)
+            )
+        await fpb_grpc.FleetOperatorStub(ch).CordonNode(
+            fpb.CordonNodeRequest(node_name="h100-2", reason="bad fan")
+        )
+        await asyncio.sleep(0.8)  # gone-1 never heartbeats: it turns lost
+        for node in NODES:
+            if node != "gone-1":
+                await heartbeat(agents, node)
+    try:
+        yield app
+    finally:
+        await app.stop(0.1)
+
+
+@pytest.fixture
+async def ops(daemon: Daemon) -> AsyncIterator[pb_grpc.OperationsStub]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.port}") as ch:
+        yield pb_grpc.OperationsStub(ch)
+
+
+REFUSED = [
+    (
+        pb.MoveWorkerRequest(worker_id="ghost", target_node="h100-1"),
+        grpc.StatusCode.NOT_FOUND,
+        "ghost",
+    ),
+    (
+        pb.MoveWorkerRequest(worker_id="w1", target_node="h100-2"),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "cordoned",
+    ),
+    (
+        pb.MoveWorkerRequest(worker_id="w1", target_node="gone-1"),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "lost",
+    ),
+    (
+        pb.MoveWorkerRequest(worker_id="w1", target_node="nowhere"),
+        grpc.StatusCode.NOT_FOUND,
+        "nowhere",
+    ),
+    (
+        pb.MoveWorkerRequest(worker_id="w2", target_node="l40s-1"),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "does not fit",
+    ),
+    (
+        pb.MoveWorkerRequest(worker_id="w2", target_node="h100-1", target_gpus=[2, 3]),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "held by another worker",
+    ),
+    (
+        pb.MoveWorkerRequest(worker_id="w2", target_node="h100-1", target_gpus=[8, 9]),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "no GPU",
+    ),
+    (
+        pb.MoveWorkerRequest(worker_id="w2", target_node="h100-1", target_gpus=[4]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "target_gpus",
+    ),
+    (
+        pb.MoveWorkerRequest(worker_id="g1", target_node="h100-1"),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "minimum",
+    ),
+    (
+        pb.MoveWorkerRequest(worker_id="w1", target_node="h100-1"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "changes nothing",
+    ),
+    (
+        pb.MoveWorkerRequest(worker_id="", target_node="h100-1"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "worker_id",
+    ),
+]
+
+
+@pytest.mark.parametrize(("request_msg", "code", "named"), REFUSED)
+async def test_refused_moves_start_nothing(daemon: Daemon, ops, request_msg, code, named) -> None:  # type: ignore[no-untyped-def]
+    before = {w.id: (w.node, w.state) for w in daemon.workers.all()}  # type: ignore[union-attr]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ops.MoveWorker(request_msg)
+    assert err.value.code() == code
+    assert named in err.value.details()
+    assert list((await ops.ListOperations(pb.ListOperationsRequest())).operations) == []
+    assert {w.id: (w.node, w.state) for w in daemon.workers.all()} == before  # type: ignore[union-attr]
+
+
+async def test_unknown_operations_are_not_found(ops) -> None:  # type: ignore[no-untyped-def]
+    for call in (
+        ops.GetOperation(pb.GetOperationRequest(operation_id="op-nope")),
+        ops.CancelOperation(pb.CancelOperationRequest(operation_id="op-nope")),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND and "op-nope" in err.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ops.LocateSession(pb.LocateSessionRequest(session_id="s-unknown"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_drain_of_unknown_or_empty_node(ops) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ops.Drain(pb.DrainRequest(node_name="nowhere"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ops.Drain(pb.DrainRequest(node_name="l40s-1"))
+    assert (
+        err.value.code() == grpc.StatusCode.NOT_FOUND and "nothing to move" in err.value.details()
+    )
+
+
+async def test_idempotency_key_runs_once_and_refuses_another_request(daemon: Daemon, ops) -> None:  # type: ignore[no-untyped-def]
+    move = pb.MoveWorkerRequest(
+        worker_id="w1", target_node="h200-1", idempotency_key="k-1", reason="test"
+    )
+    first = await ops.MoveWorker(move)
+    again = await ops.MoveWorker(move)
+    assert again.id == first.id
+    other = pb.MoveWorkerRequest(
+        worker_id="w1", target_node="h100-1", target_gpus=[4, 5, 6, 7], idempotency_key="k-1"
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ops.MoveWorker(other)
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS and "k-1" in err.value.details()
+    assert len((await ops.ListOperations(pb.ListOperationsRequest())).operations) == 1
+
+    # The agents here are unreachable: the move fails at its first agent call and rolls back.
+    final = None
+    async for update in ops.WatchOperation(pb.WatchOperationRequest(operation_id=first.id)):
+        final = update
+    assert final is not None and final.state == pb.OPERATION_STATE_FAILED
+    assert final.steps[0].state == pb.STEP_STATE_ROLLED_BACK and final.steps[0].error
+    assert final.steps[0].kind == pb.STEP_KIND_COLD_START  # H100 -> H200: another GPU model
+    assert final.requested_by
+    w1 = daemon.workers.get("w1")  # type: ignore[union-attr]
+    assert (w1.node, w1.state.value, w1.operation_id) == ("h100-1", "serving", "")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.port}") as ch:
+        listed = await ppb_grpc.PlanningStub(ch).ListWorkers(
+            ppb.ListWorkersRequest(node_name="h200-1")
+        )
+    assert {w.worker_id for w in listed.workers if w.state == fpb.WORKER_STATE_SERVING} == {
+        "w2",
+        "g1",
+    }
+
+
+async def test_migrate_between_same_gpu_models_is_warm(daemon: Daemon, ops) -> None:  # type: ignore[no-untyped-def]
+    op = await ops.MoveWorker(
+        pb.MoveWorkerRequest(worker_id="w1", target_node="h100-1", target_gpus=[4, 5, 6, 7])
+    )
+    assert op.steps[0].kind == pb.STEP_KIND_MIGRATE
+    role = await ops.MoveWorker(
+        pb.MoveWorkerRequest(
+            worker_id="w2", target_node="h200-1", target_role=fpb.WORKER_ROLE_DECODE
+        )
+    )
+    assert role.steps[0].kind == pb.STEP_KIND_ROLE_CHANGE
