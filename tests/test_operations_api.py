@@ -84,13 +84,21 @@ async def daemon(tmp_path: Path, sqlite_url: str) -> AsyncIterator[Daemon]:
             fpb.CordonNodeRequest(node_name="h100-2", reason="bad fan")
         )
         await asyncio.sleep(0.8)  # gone-1 never heartbeats: it turns lost
-        for node in NODES:
-            if node != "gone-1":
-                await heartbeat(agents, node)
-    try:
-        yield app
-    finally:
-        await app.stop(0.1)
+
+        async def keep_alive() -> None:  # the other "agents" heartbeat all along
+            while True:
+                for node in NODES:
+                    if node != "gone-1":
+                        await heartbeat(agents, node)
+                await asyncio.sleep(0.1)
+
+        beats = asyncio.create_task(keep_alive())
+        await asyncio.sleep(0.2)
+        try:
+            yield app
+        finally:
+            beats.cancel()
+            await app.stop(0.1)
 
 
 @pytest.fixture
