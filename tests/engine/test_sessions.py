@@ -85,3 +85,27 @@ def test_generator_state_travels_as_a_byte_tensor(tiny_model: Path) -> None:
     assert back.rng_state.dtype == torch.uint8
     assert torch.equal(back.rng_state, export.rng_state)
     assert back.k is not None and torch.equal(back.k, export.k)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"cached": 10_000}, "cached"),
+        ({"session_id": ""}, "session_id"),
+        ({"prompt_len": 0}, "prompt_len"),
+        ({"max_new_tokens": 1}, "max_new_tokens"),
+        ({"tokens": [1, 2, 99_999]}, "tokens"),
+        ({"seed": "not a number"}, "blob"),
+    ],
+)
+def test_a_doctored_session_is_refused_naming_the_field(
+    tiny_model: Path, change: dict[str, object], field: str
+) -> None:
+    source, _ = _partial(tiny_model, 3)
+    export = source.export_session("greedy-long", with_kv=True)  # type: ignore[attr-defined]
+    export.description.update(change)
+    dest = new_engine(tiny_model)
+    with pytest.raises(InvalidArgument) as err:
+        dest.import_session(SessionExport.from_bytes(export.to_bytes()))
+    assert err.value.field == field
+    assert not dest.has_work() and dest.kv.used_blocks == 0

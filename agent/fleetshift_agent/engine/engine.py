@@ -386,9 +386,10 @@ class Engine:
             raise FailedPrecondition(f"session {s.session_id!r} has finished", field="session_id")
         self._check_tokens(s.tokens, "tokens", allow_empty=False)
         self._check_fits(s.prompt_len + s.max_new_tokens)
+        cached = int(export.description.get("cached", 0))
+        _check_portable(s, cached)
         s.created_at = self.clock()
         s.last_token_at = s.created_at if s.generated else None
-        cached = int(export.description.get("cached", 0))
         if use_kv and export.has_kv and cached and not self.kv_mismatch(export.platform):
             assert export.k is not None and export.v is not None
             self._check_kv_shape(export.k, cached)
@@ -454,6 +455,22 @@ class Engine:
             attn = q.reshape(rows, -1)
             post(x, attn, w["wo"], w["ln2"], w["wg"], w["wu"], w["wd"], eps)
             final(x, self._norm, self._head, eps)
+
+
+def _check_portable(s: Session, cached: int) -> None:
+    """A carried session must be one this engine could have produced: else name the field."""
+    if not s.session_id:
+        raise InvalidArgument("session_id must not be empty", field="session_id")
+    if not 1 <= s.prompt_len <= len(s.tokens):
+        raise InvalidArgument(
+            f"prompt_len {s.prompt_len} does not fit the tokens", field="prompt_len"
+        )
+    if s.max_new_tokens <= 0 or len(s.generated) >= s.max_new_tokens:
+        raise InvalidArgument("max_new_tokens leaves nothing to generate", field="max_new_tokens")
+    if not 0 <= cached < len(s.tokens):
+        raise InvalidArgument(
+            f"cached {cached} must be below {len(s.tokens)} tokens", field="cached"
+        )
 
 
 def _layer_tensors(layer: M.DecoderLayer) -> _Layer:

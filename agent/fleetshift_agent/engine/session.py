@@ -70,6 +70,13 @@ class Session:
 
     @classmethod
     def from_description(cls, d: dict[str, Any], rng_state: torch.Tensor) -> Session:
+        try:
+            return cls._from_description(d, rng_state)
+        except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+            raise InvalidArgument(f"malformed session description: {exc!r}", field="blob") from exc
+
+    @classmethod
+    def _from_description(cls, d: dict[str, Any], rng_state: torch.Tensor) -> Session:
         params = SamplingParams(
             temperature=float(d["temperature"]), top_p=float(d["top_p"]), seed=int(d["seed"])
         )
