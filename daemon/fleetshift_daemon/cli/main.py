@@ -17,7 +17,11 @@ from rich.console import Console
 
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
-from fleetshift_daemon.cli.tables import nodes_table
+from fleetshift.v1 import operations_pb2, placement_pb2
+from fleetshift.v1 import operations_pb2_grpc as operations_grpc
+from fleetshift.v1 import placement_pb2_grpc as placement_grpc
+from fleetshift_daemon.cli.progress import operation_summary, operations_table, watch_operation
+from fleetshift_daemon.cli.tables import nodes_table, plan_table, traffic_table, workers_table
 from fleetshift_daemon.localfleet import LocalFleet
 from fleetshift_rpc import pki
 from fleetshift_rpc.security import client_credentials
@@ -59,6 +63,126 @@ def cmd_cordon(args: argparse.Namespace) -> int:
                 pb.UncordonNodeRequest(node_name=args.node), timeout=args.timeout
             )
     console.print(nodes_table([node]))
+    return 0
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    with open_channel(args) as ch:
+        reply = placement_grpc.PlanningStub(ch).ListWorkers(
+            placement_pb2.ListWorkersRequest(node_name=args.node, model=args.model),
+            timeout=args.timeout,
+        )
+    console.print(workers_table(reply.workers))
+    return 0
+
+
+def cmd_traffic(args: argparse.Namespace) -> int:
+    with open_channel(args) as ch:
+        mix = placement_grpc.PlanningStub(ch).GetTrafficMix(
+            placement_pb2.GetTrafficMixRequest(model=args.model), timeout=args.timeout
+        )
+    console.print(traffic_table(mix))
+    return 0
+
+
+def cmd_efficiency(args: argparse.Namespace) -> int:
+    with open_channel(args) as ch:
+        report = placement_grpc.PlanningStub(ch).GetEfficiency(
+            placement_pb2.GetEfficiencyRequest(history=args.history), timeout=args.timeout
+        )
+    if not report.HasField("latest"):
+        console.print("no efficiency sample yet (the planner job has not run)")
+        return 0
+    latest = report.latest
+    colour = "green" if latest.efficiency >= report.threshold else "red"
+    console.print(
+        f"placement efficiency [{colour}]{latest.efficiency:.3f}[/] (threshold "
+        f"{report.threshold:.2f}; below it for {report.below_threshold_for_s:.0f} s); goodput "
+        f"{latest.current_goodput_tokens_per_s:,.0f} of {latest.best_goodput_tokens_per_s:,.0f} "
+        "tokens/s possible"
+    )
+    console.print("history: " + " ".join(f"{s.efficiency:.2f}" for s in report.history))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    with open_channel(args) as ch:
+        plan = placement_grpc.PlanningStub(ch).PlanRebalance(
+            placement_pb2.PlanRebalanceRequest(), timeout=max(args.timeout, 30)
+        )
+    console.print(plan_table(plan))
+    console.print("pays off over the horizon" if plan.pays_off else "does not pay off yet")
+    return 0
+
+
+def _operation_done(
+    args: argparse.Namespace, ch: grpc.Channel, op: operations_pb2.Operation
+) -> int:
+    if args.watch:
+        op = watch_operation(ch, op)
+    console.print(operation_summary(op))
+    return 0 if op.state != operations_pb2.OPERATION_STATE_FAILED else 1
+
+
+def cmd_rebalance(args: argparse.Namespace) -> int:
+    with open_channel(args) as ch:
+        op = operations_grpc.OperationsStub(ch).Rebalance(
+            operations_pb2.RebalanceRequest(idempotency_key=args.key, reason=args.reason),
+            timeout=max(args.timeout, 30),
+        )
+        return _operation_done(args, ch, op)
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    with open_channel(args) as ch:
+        op = operations_grpc.OperationsStub(ch).Drain(
+            operations_pb2.DrainRequest(
+                node_name=args.node, idempotency_key=args.key, reason=args.reason
+            ),
+            timeout=args.timeout,
+        )
+        return _operation_done(args, ch, op)
+
+
+def cmd_move(args: argparse.Namespace) -> int:
+    gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else []
+    role = {"": 0, "prefill": 1, "decode": 2, "mixed": 3}[args.role]
+    with open_channel(args) as ch:
+        op = operations_grpc.OperationsStub(ch).MoveWorker(
+            operations_pb2.MoveWorkerRequest(
+                worker_id=args.worker,
+                target_node=args.to,
+                target_gpus=gpus,
+                target_role=role,  # type: ignore[arg-type]
+                idempotency_key=args.key,
+                reason=args.reason,
+            ),
+            timeout=args.timeout,
+        )
+        return _operation_done(args, ch, op)
+
+
+def cmd_operations(args: argparse.Namespace) -> int:
+    with open_channel(args) as ch:
+        stub = operations_grpc.OperationsStub(ch)
+        if args.id:
+            op = stub.GetOperation(
+                operations_pb2.GetOperationRequest(operation_id=args.id), timeout=args.timeout
+            )
+            return _operation_done(args, ch, op)
+        reply = stub.ListOperations(
+            operations_pb2.ListOperationsRequest(limit=args.limit), timeout=args.timeout
+        )
+    console.print(operations_table(reply.operations))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with open_channel(args) as ch:
+        op = operations_grpc.OperationsStub(ch).CancelOperation(
+            operations_pb2.CancelOperationRequest(operation_id=args.id), timeout=args.timeout
+        )
+    console.print(operation_summary(op))
     return 0
 
 
@@ -107,6 +231,44 @@ def _parser() -> argparse.ArgumentParser:
     uncordon = sub.add_parser("uncordon", help="allow work on a node again")
     uncordon.add_argument("node")
     uncordon.set_defaults(run=cmd_cordon)
+    workers = sub.add_parser("workers", help="list workers")
+    workers.add_argument("--node", default="")
+    workers.add_argument("--model", default="")
+    workers.set_defaults(run=cmd_workers)
+    traffic = sub.add_parser("traffic", help="the live traffic mix per model")
+    traffic.add_argument("--model", default="")
+    traffic.set_defaults(run=cmd_traffic)
+    eff = sub.add_parser("efficiency", help="placement efficiency and its history")
+    eff.add_argument("--history", type=int, default=20)
+    eff.set_defaults(run=cmd_efficiency)
+    sub.add_parser("plan", help="dry run: the moves to the best placement").set_defaults(
+        run=cmd_plan
+    )
+    for name, helptext, run in (
+        ("rebalance", "plan and execute the moves to the best placement", cmd_rebalance),
+        ("drain", "move every worker off a node", cmd_drain),
+        ("move", "move one worker", cmd_move),
+    ):
+        cmd = sub.add_parser(name, help=helptext)
+        if name == "drain":
+            cmd.add_argument("node")
+        if name == "move":
+            cmd.add_argument("worker")
+            cmd.add_argument("--to", required=True, help="target node")
+            cmd.add_argument("--gpus", default="", help="e.g. 0,1,2,3 (default: lowest free)")
+            cmd.add_argument("--role", default="", choices=["", "prefill", "decode", "mixed"])
+        cmd.add_argument("--key", default="", help="idempotency key: a retry runs once")
+        cmd.add_argument("--reason", default="")
+        cmd.add_argument("--watch", action="store_true", help="follow with live progress")
+        cmd.set_defaults(run=run)
+    opers = sub.add_parser("operations", help="the audit history, or one operation by id")
+    opers.add_argument("id", nargs="?", default="")
+    opers.add_argument("--limit", type=int, default=20)
+    opers.add_argument("--watch", action="store_true")
+    opers.set_defaults(run=cmd_operations)
+    cancel = sub.add_parser("cancel", help="cancel an operation (steps not started are skipped)")
+    cancel.add_argument("id")
+    cancel.set_defaults(run=cmd_cancel)
     local = sub.add_parser("local-fleet", help="run a daemon + agents with declared GPUs here")
     local.add_argument("--state-dir", default="state/local-fleet")
     local.add_argument("--keep", action="store_true", help="keep running until Ctrl-C")

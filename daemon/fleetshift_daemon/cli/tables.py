@@ -53,3 +53,108 @@ def nodes_table(nodes: Sequence[pb.Node], now: float | None = None) -> Table:
             _age(node, now),
         )
     return table
+
+
+ROLE_TEXT = {
+    role: name
+    for role, name in (
+        (pb.WORKER_ROLE_PREFILL, "prefill"),
+        (pb.WORKER_ROLE_DECODE, "decode"),
+        (pb.WORKER_ROLE_MIXED, "mixed"),
+    )
+}
+
+
+def workers_table(workers: Sequence[pb.WorkerStatus]) -> Table:
+    table = Table(title=f"Workers: {len(workers)}")
+    for column in (
+        "worker",
+        "model",
+        "role",
+        "TP",
+        "GPUs",
+        "state",
+        "sessions",
+        "KV used",
+        "endpoint",
+    ):
+        table.add_column(column)
+    for w in workers:
+        state = pb.WorkerState.Name(w.state).removeprefix("WORKER_STATE_").lower()
+        kv = (
+            f"{w.counters.kv_blocks_used}/{w.counters.kv_blocks_total}"
+            if w.HasField("counters") and w.counters.kv_blocks_total
+            else "-"
+        )
+        table.add_row(
+            w.worker_id,
+            w.model,
+            ROLE_TEXT.get(w.role, "?"),
+            str(w.tensor_parallel),
+            ",".join(str(i) for i in w.gpu_indices),
+            state,
+            str(len(w.session_ids)),
+            kv,
+            w.endpoint,
+        )
+    return table
+
+
+def traffic_table(mix: object) -> Table:
+    table = Table(title="Traffic mix (sliding window)")
+    for column in (
+        "model",
+        "req/s",
+        "prompt mean/p90",
+        "output mean/p90",
+        "prefill:decode",
+        "estimator MAE",
+    ):
+        table.add_column(column)
+    for m in mix.models:  # type: ignore[attr-defined]
+        table.add_row(
+            m.model,
+            f"{m.arrival_rate_per_s:.2f}",
+            f"{m.prompt_tokens.mean:.0f} / {m.prompt_tokens.p90:.0f}",
+            f"{m.output_tokens.mean:.0f} / {m.output_tokens.p90:.0f}",
+            f"{m.prefill_decode_ratio:.2f}",
+            f"{m.estimator_mae_tokens:.1f}",
+        )
+    return table
+
+
+def plan_table(plan: object) -> Table:
+    p = plan
+    title = (
+        f"Plan: efficiency {p.efficiency_before:.3f}, goodput "  # type: ignore[attr-defined]
+        f"{p.goodput_before_tokens_per_s:,.0f} -> {p.goodput_after_tokens_per_s:,.0f} tokens/s"  # type: ignore[attr-defined]
+    )
+    table = Table(title=title)
+    for column in ("move", "model", "from", "to", "GB", "pause s", "sessions", "gain tok/s"):
+        table.add_column(column)
+    for m in p.moves:  # type: ignore[attr-defined]
+        src = (
+            f"{m.source.worker_id or '-'} {m.source.gpu_kind}@{m.source.node_name}"
+            if m.HasField("source")
+            else "-"
+        )
+        dst = (
+            f"{ROLE_TEXT.get(m.target.role, '?')} {m.target.gpu_kind}@{m.target.node_name}"
+            if m.HasField("target")
+            else "-"
+        )
+        table.add_row(
+            type(m)
+            .DESCRIPTOR.fields_by_name["kind"]
+            .enum_type.values_by_number[m.kind]
+            .name.removeprefix("MOVE_KIND_")
+            .lower(),
+            m.model,
+            src,
+            dst,
+            f"{m.bytes_to_move / 1e9:.1f}",
+            f"{m.expected_pause_s:.2f}",
+            str(m.sessions_affected),
+            f"{m.predicted_gain_tokens_per_s:,.0f}",
+        )
+    return table
