@@ -22,30 +22,14 @@ from fleetshift_agent.snapshot.errors import SnapshotCorrupt, SnapshotPartNotFou
 from fleetshift_agent.snapshot.snapshot import Snapshot
 from fleetshift_agent.snapshot.store import SnapshotStore, SnapshotSummary
 from fleetshift_common.compat import CompatKey, CompatVerdict
-from fleetshift_common.errors import ErrorKind, FleetShiftError, InvalidArgument
+from fleetshift_common.errors import FleetShiftError, InvalidArgument
+from fleetshift_rpc.errors import status_for
 
 DEFAULT_CHUNK = 2 << 20
 # gRPC's default receive limit is 4 MiB per message; stay under it for any peer channel.
 MAX_CHUNK = 3 << 20
 
-_STATUS = {
-    ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorKind.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    ErrorKind.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
-    ErrorKind.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
-    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    ErrorKind.ABORTED: grpc.StatusCode.ABORTED,
-    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
-}
-
 T = TypeVar("T")
-
-
-def status_for(error: FleetShiftError) -> grpc.StatusCode:
-    return _STATUS.get(error.kind, grpc.StatusCode.INTERNAL)
 
 
 # -- conversions -------------------------------------------------------------------------------
