@@ -1,7 +1,9 @@
 """The node agent's composition root: discover GPUs, serve AgentService, stay registered.
 
 The agent is ready (sd_notify READY, port file) as soon as its own server listens: a daemon
-that is down must not keep a node's agent from starting, it only delays registration.
+that is down must not keep a node's agent from starting, it only delays registration. Workers
+left running by a previous agent process are adopted before the agent registers, so its first
+heartbeat already reports them and the daemon never sees them vanish across an agent restart.
 """
 
 from __future__ import annotations
@@ -9,12 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from fleetshift.v1 import agent_pb2
+from fleetshift.v1 import agent_pb2, snapshot_pb2, snapshot_pb2_grpc
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift_agent import service
 from fleetshift_agent.discovery import DECLARED, Inventory, discover, package_version
 from fleetshift_agent.membership import Backoff, Membership
+from fleetshift_agent.snapshot import SnapshotStore
+from fleetshift_agent.snapshot.service import SnapshotServicer
+from fleetshift_agent.supervisor import Supervisor, SupervisorSettings
 from fleetshift_common.config import AgentConfig
 from fleetshift_common.lifecycle import write_port_file
 from fleetshift_common.sdnotify import SdNotifier, watchdog_interval
@@ -22,7 +28,7 @@ from fleetshift_rpc.auth import ServerSecurity, server_security
 from fleetshift_rpc.metrics import AgentMetrics, MetricsEndpoint, start_metrics_server
 from fleetshift_rpc.ratelimit import RateLimit
 from fleetshift_rpc.security import PrincipalKind
-from fleetshift_rpc.server import RunningServer, start_server
+from fleetshift_rpc.server import RunningServer, ServiceBinding, start_server
 
 log = logging.getLogger("fleetshift.agent")
 
@@ -37,6 +43,8 @@ class Agent:
     security: ServerSecurity | None = None
     metrics: AgentMetrics = field(init=False)
     metrics_endpoint: MetricsEndpoint | None = None
+    supervisor: Supervisor | None = None
+    store: SnapshotStore | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -72,9 +80,19 @@ class Agent:
         )
         if self.inventory is None:
             self.inventory = await asyncio.to_thread(discover, cfg)
+        await self._start_workers()
+        assert self.supervisor is not None and self.store is not None
+        tls = self.security.tls
+        servicer = service.AgentServicer(
+            self._info,
+            self.supervisor,
+            self.store,
+            peer_credentials=tls.channel_credentials() if tls else None,
+            max_message_bytes=cfg.max_message_bytes,
+        )
         self.server = await start_server(
             cfg.listen,
-            [service.binding(self._info)],
+            [service.binding(servicer), _snapshot_binding(self.store)],
             cfg.max_message_bytes,
             self.security.credentials,
             self.security.interceptors,
@@ -82,7 +100,6 @@ class Agent:
         if cfg.metrics_listen:
             host, _, port = cfg.metrics_listen.rpartition(":")
             self.metrics_endpoint = start_metrics_server(self.metrics.registry, int(port), host)
-        tls = self.security.tls
         self.membership = Membership(
             cfg.daemon_address,
             self._registration,
@@ -92,6 +109,7 @@ class Agent:
             tls.channel_credentials() if tls else None,
         )
         self._tasks.append(asyncio.create_task(self.membership.run()))
+        self._tasks.append(asyncio.create_task(self._poll_workers()))
         interval = watchdog_interval()
         if interval:
             self._tasks.append(asyncio.create_task(self._ping_watchdog(interval)))
@@ -106,6 +124,37 @@ class Agent:
                 "inventory": self.inventory.source,
             },
         )
+
+    async def _start_workers(self) -> None:
+        """The snapshot store and the supervisor, with the workers a previous agent left."""
+        assert self.inventory is not None
+        cfg = self.config
+        state = Path(cfg.state_dir)
+        self.store = await asyncio.to_thread(SnapshotStore, state / "snapshots")
+        declared = self.inventory.source == DECLARED
+        self.supervisor = Supervisor(
+            SupervisorSettings(
+                state_dir=state / "workers",
+                gpus=frozenset(g.index for g in self.inventory.gpus),
+                declared_products=(
+                    {g.index: g.product_name for g in self.inventory.gpus} if declared else {}
+                ),
+                compile=cfg.worker_compile,
+                threads=cfg.worker_threads,
+                start_timeout_s=cfg.worker_start_timeout_s,
+            )
+        )
+        await self.supervisor.adopt()
+        await self.supervisor.poll()  # the first heartbeat carries their counters too
+
+    async def _poll_workers(self) -> None:
+        assert self.supervisor is not None and self.membership is not None
+        while True:
+            await asyncio.sleep(self.membership.interval_s)
+            try:
+                await self.supervisor.poll()
+            except Exception:  # a bug must not end worker reporting: log and go on
+                log.exception("polling workers failed")
 
     async def _ping_watchdog(self, interval: float) -> None:
         while True:
@@ -152,7 +201,8 @@ class Agent:
         )
 
     def _heartbeat(self) -> pb.HeartbeatRequest:
-        return pb.HeartbeatRequest(node_name=self.config.node_name)
+        workers = self.supervisor.heartbeat_statuses() if self.supervisor else []
+        return pb.HeartbeatRequest(node_name=self.config.node_name, workers=workers)
 
     def _info(self) -> agent_pb2.AgentInfo:
         return agent_pb2.AgentInfo(
@@ -162,6 +212,7 @@ class Agent:
             inventory_source=self._source(),  # type: ignore[arg-type]
             daemon_address=self.config.daemon_address,
             registered=bool(self.membership and self.membership.registered.is_set()),
+            workers=self.supervisor.statuses() if self.supervisor else [],
         )
 
     async def stop(self, grace_s: float = 1.0) -> None:
@@ -173,3 +224,11 @@ class Agent:
             await self.server.server.stop(grace_s)
         if self.metrics_endpoint:
             self.metrics_endpoint.stop()
+
+
+def _snapshot_binding(store: SnapshotStore) -> ServiceBinding:
+    return ServiceBinding(
+        snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server,
+        SnapshotServicer(store),
+        snapshot_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name,
+    )

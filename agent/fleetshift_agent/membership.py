@@ -64,6 +64,7 @@ class Membership:
         self._credentials = credentials
         self.registered = asyncio.Event()
         self.registrations = 0  # how many times this process registered (observability)
+        self.interval_s = 1.0  # the heartbeat interval the daemon asked for at registration
 
     async def run(self) -> None:
         async with channel(self._address, self._max_message_bytes, self._credentials) as ch:
@@ -97,7 +98,8 @@ class Membership:
             "registered with the daemon",
             extra={"node": reply.node.name, "new_node": reply.created, "daemon": self._address},
         )
-        return max(reply.heartbeat_interval_ms, 100) / 1000
+        self.interval_s = max(reply.heartbeat_interval_ms, 100) / 1000
+        return self.interval_s
 
     async def _heartbeat_until_lost(self, stub: pb_grpc.AgentRegistryStub, interval: float) -> None:
         """Returns when the daemon no longer knows the node; raises when it is unreachable."""

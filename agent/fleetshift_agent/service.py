@@ -1,24 +1,64 @@
 """The agent's own gRPC API (``AgentService``), called by the daemon and by other agents.
 
-Later capabilities (workers, snapshots, transfers) add their servicers beside this one; this
-one answers what the node is and whether it currently holds a registration.
+It answers what the node is, and carries out the worker steps a move is made of: start a
+worker (cold from a model directory, or warm from a snapshot of this node's store), stop it,
+snapshot it into the store, and pull a snapshot from another agent. Requests are checked here,
+so a bad one fails with the field it got wrong before any process is spawned; the supervisor
+and the snapshot library do the work.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
 from fleetshift.v1 import agent_pb2, agent_pb2_grpc
-from fleetshift.v1 import fleet_pb2 as fleet_pb
+from fleetshift.v1 import fleet_pb2 as pb
+from fleetshift_agent.snapshot import SnapshotStore
+from fleetshift_agent.snapshot.transfer import fetch_snapshot
+from fleetshift_agent.supervisor import Supervisor, WorkerLaunch
+from fleetshift_common.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+)
 from fleetshift_rpc.errors import rpc_errors
-from fleetshift_rpc.server import ServiceBinding
+from fleetshift_rpc.server import ServiceBinding, channel
+
+WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+ROLE_NAMES = {
+    pb.WORKER_ROLE_PREFILL: "prefill",
+    pb.WORKER_ROLE_DECODE: "decode",
+    pb.WORKER_ROLE_MIXED: "mixed",
+}
+DTYPES = ("bf16", "fp8", "int4_w")
+DEFAULT_GRACE_S = 5.0
+T = TypeVar("T")
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, info: Callable[[], agent_pb2.AgentInfo]) -> None:
+    def __init__(
+        self,
+        info: Callable[[], agent_pb2.AgentInfo],
+        supervisor: Supervisor,
+        store: SnapshotStore,
+        *,
+        peer_credentials: grpc.ChannelCredentials | None = None,
+        max_message_bytes: int = 4 << 20,
+    ) -> None:
         self._info = info
+        self._supervisor = supervisor
+        self._store = store
+        self._peer_credentials = peer_credentials
+        self._max_message_bytes = max_message_bytes
 
     @rpc_errors
     async def GetAgentInfo(
@@ -26,13 +66,136 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     ) -> agent_pb2.AgentInfo:
         return self._info()
 
+    # -- workers ---------------------------------------------------------------------------
+    @rpc_errors
+    async def StartWorker(
+        self, request: agent_pb2.StartWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.WorkerStatus:
+        with ExitStack() as held:
+            launch = self._launch(request, held)
+            worker = await self._supervisor.start(launch)
+        return self._supervisor.status(worker)
 
-def binding(info: Callable[[], agent_pb2.AgentInfo]) -> ServiceBinding:
+    def _launch(self, request: agent_pb2.StartWorkerRequest, held: ExitStack) -> WorkerLaunch:
+        """Check the request; a warm start holds its snapshot (no deletion) in ``held``."""
+        if not WORKER_ID.fullmatch(request.worker_id):
+            raise InvalidArgument(
+                f"worker_id {request.worker_id!r} must match {WORKER_ID.pattern}",
+                field="worker_id",
+            )
+        role = ROLE_NAMES.get(request.role)
+        if role is None:
+            raise InvalidArgument("role must be PREFILL, DECODE or MIXED", field="role")
+        dtype = request.dtype or "bf16"
+        if dtype not in DTYPES:
+            raise InvalidArgument(f"dtype must be one of {DTYPES}, got {dtype!r}", field="dtype")
+        gpus = tuple(request.gpu_indices)
+        if not gpus or len(set(gpus)) != len(gpus):
+            raise InvalidArgument(
+                f"gpu_indices must name distinct GPUs, got {list(gpus)}", field="gpu_indices"
+            )
+        launch = WorkerLaunch(
+            worker_id=request.worker_id,
+            model=request.model,
+            role=role,
+            gpu_indices=gpus,
+            tp=request.tensor_parallel or len(gpus),
+            dtype=dtype,
+        )
+        self._supervisor.check(launch)
+        if request.restore_snapshot_id:
+            sid = request.restore_snapshot_id
+            snap = _renamed(
+                "restore_snapshot_id", lambda: held.enter_context(self._store.using(sid))
+            )
+            return replace(
+                launch,
+                model=launch.model or snap.key.model_id,
+                restore_from=str(snap.path),
+                origin_snapshot=sid,
+            )
+        if not request.model_dir or not Path(request.model_dir).is_dir():
+            raise FailedPrecondition(
+                f"model_dir {request.model_dir!r} is not a directory on this node",
+                field="model_dir",
+            )
+        return replace(
+            launch,
+            model=launch.model or Path(request.model_dir).name,
+            model_dir=request.model_dir,
+        )
+
+    @rpc_errors
+    async def StopWorker(
+        self, request: agent_pb2.StopWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.WorkerStatus:
+        if request.grace_s < 0:
+            raise InvalidArgument("grace_s must be >= 0", field="grace_s")
+        worker = await self._supervisor.stop(request.worker_id, request.grace_s or DEFAULT_GRACE_S)
+        return self._supervisor.status(worker)
+
+    # -- snapshots -------------------------------------------------------------------------
+    @rpc_errors
+    async def SnapshotWorker(
+        self, request: agent_pb2.SnapshotWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.SnapshotWorkerResponse:
+        sid = request.snapshot_id
+        path = _renamed("snapshot_id", lambda: self._store.path(sid))
+        self._supervisor.serving(request.worker_id)
+        if path.exists():
+            raise AlreadyExists(f"snapshot_id {sid!r} is already in the store", field="snapshot_id")
+        reply = await self._supervisor.snapshot(request.worker_id, self._store.root, sid)
+        self._store.get(sid)  # visible (and readable) before the caller hears of it
+        return agent_pb2.SnapshotWorkerResponse(
+            snapshot_id=sid,
+            size_bytes=reply.size_bytes,
+            pause_ms=reply.pause_ms,
+            total_ms=reply.total_ms,
+            session_ids=list(reply.session_ids),
+        )
+
+    @rpc_errors
+    async def FetchSnapshot(
+        self, request: agent_pb2.FetchSnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.FetchSnapshotResponse:
+        sid = request.snapshot_id
+        path = _renamed("snapshot_id", lambda: self._store.path(sid))
+        if not request.source_agent_address:
+            raise InvalidArgument("source_agent_address must not be empty", field="source")
+        started = time.monotonic()
+        if path.exists():  # idempotent: a retried step finds the work done
+            return agent_pb2.FetchSnapshotResponse(
+                snapshot_id=sid, size_bytes=self._store.summary(sid).size_bytes
+            )
+        if self._peer_credentials is None:
+            report = await fetch_snapshot(request.source_agent_address, sid, self._store)
+        else:
+            async with channel(
+                request.source_agent_address, self._max_message_bytes, self._peer_credentials
+            ) as ch:
+                report = await fetch_snapshot(ch, sid, self._store)
+        return agent_pb2.FetchSnapshotResponse(
+            snapshot_id=sid,
+            bytes_received=report.bytes_received,
+            size_bytes=self._store.summary(sid).size_bytes,
+            seconds=time.monotonic() - started,
+        )
+
+
+def _renamed(field: str, fn: Callable[[], T]) -> T:
+    """Call into the store; its errors name the request's field, not the library's."""
+    try:
+        return fn()
+    except (InvalidArgument, NotFound) as err:
+        raise type(err)(f"{field}: {err.message}", field=field) from None
+
+
+def binding(servicer: AgentServicer) -> ServiceBinding:
     return ServiceBinding(
         agent_pb2_grpc.add_AgentServiceServicer_to_server,
-        AgentServicer(info),
+        servicer,
         agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
     )
 
 
-__all__ = ["AgentServicer", "binding", "fleet_pb"]
+__all__ = ["AgentServicer", "binding"]

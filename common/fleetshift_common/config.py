@@ -196,6 +196,7 @@ class AgentConfig:
     # Workers (the reference engine) this agent starts on the daemon's command.
     worker_compile: bool = True
     worker_threads: int = 0  # torch threads per worker; 0: torch's default
+    worker_start_timeout_s: float = 300.0  # StartWorker fails if the worker is not serving by then
     # Security (docs/security.md): mTLS when all three TLS files are set, else loopback only.
     tls_cert: str = ""
     tls_key: str = ""
@@ -220,7 +221,12 @@ class AgentConfig:
             raise ConfigError(
                 "inventory = 'declared' needs at least one [[gpus]] entry", field="gpus"
             )
-        for name in ("reconnect_initial_s", "reconnect_max_s", "max_message_bytes"):
+        for name in (
+            "reconnect_initial_s",
+            "reconnect_max_s",
+            "max_message_bytes",
+            "worker_start_timeout_s",
+        ):
             _check_positive(name, getattr(self, name))
 
 

@@ -1,0 +1,468 @@
+"""Worker processes on this node: start, stop, watch, and re-adopt after an agent restart.
+
+Workers are separate processes in their own session (``start_new_session``), so an agent that
+restarts (an upgrade, a crash, systemd's ``KillMode=process``) leaves them serving. Each worker
+has a small JSON record under the agent's state directory (pid, port, spec), written as soon
+as the process exists; a starting agent reads them back, checks that the pid is still the
+worker it started (its command line names the worker id, else its GetInfo answers with it)
+and adopts it, or drops the record. A worker whose start the previous agent never saw finish
+is stopped: whoever asked for it was told the start failed.
+
+Nothing here decides placement: the daemon says which worker runs where; the supervisor only
+makes it so and reports what is actually running. A worker that died or was stopped is
+reported once more (FAILED / STOPPED) so the daemon hears about it, then forgotten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import grpc
+
+from fleetshift.v1 import fleet_pb2 as pb
+from fleetshift.v1 import worker_pb2 as wpb
+from fleetshift.v1 import worker_pb2_grpc as wpb_grpc
+from fleetshift_common.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    FleetShiftError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
+from fleetshift_common.sdnotify import child_environ
+
+log = logging.getLogger("fleetshift.agent.supervisor")
+
+POLL_TIMEOUT_S = 3.0
+SNAPSHOT_TIMEOUT_S = 1800.0
+ROLES = {
+    "prefill": pb.WORKER_ROLE_PREFILL,
+    "decode": pb.WORKER_ROLE_DECODE,
+    "mixed": pb.WORKER_ROLE_MIXED,
+}
+STARTING, SERVING, FAILED, STOPPED = "starting", "serving", "failed", "stopped"
+STATES = {
+    STARTING: pb.WORKER_STATE_STARTING,
+    SERVING: pb.WORKER_STATE_SERVING,
+    FAILED: pb.WORKER_STATE_FAILED,
+    STOPPED: pb.WORKER_STATE_STOPPED,
+}
+
+
+@dataclass(frozen=True)
+class WorkerLaunch:
+    """What the daemon asks this node to run (already validated by the service)."""
+
+    worker_id: str
+    model: str
+    role: str  # prefill | decode | mixed
+    gpu_indices: tuple[int, ...]
+    model_dir: str = ""  # cold start
+    tp: int = 1
+    dtype: str = "bf16"  # the fleet's label (bf16 | fp8 | int4_w), reported as given
+    restore_from: str = ""  # warm start: a snapshot directory of this node's store
+    origin_snapshot: str = ""  # that snapshot's id
+
+
+@dataclass(frozen=True)
+class WorkerProcess:
+    launch: WorkerLaunch
+    pid: int
+    port: int  # 0 until the worker serves
+    started_at: float
+    state: str = STARTING
+
+    @property
+    def worker_id(self) -> str:
+        return self.launch.worker_id
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}" if self.port else ""
+
+
+@dataclass
+class WorkerLive:
+    """What the last poll saw; never persisted."""
+
+    counters: pb.WorkerCounters | None = None
+    sessions: tuple[str, ...] = ()
+    role: int = 0  # the worker's own answer (SetRole may have changed it)
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    state_dir: Path  # records, port files and logs of this node's workers
+    gpus: frozenset[int]  # the GPU indices this node has
+    # Declared inventories (CPU nodes): GPU index -> product, which the worker reports as its
+    # own so that compatibility keys behave as on the real hardware.
+    declared_products: Mapping[int, str] = field(default_factory=dict)
+    compile: bool = True
+    threads: int = 0
+    start_timeout_s: float = 300.0
+
+
+@dataclass
+class Supervisor:
+    settings: SupervisorSettings
+    workers: dict[str, WorkerProcess] = field(default_factory=dict)
+    live: dict[str, WorkerLive] = field(default_factory=dict)
+    _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    _gone: dict[str, WorkerProcess] = field(default_factory=dict)  # to report once more
+
+    def __post_init__(self) -> None:
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+
+    def _file(self, worker_id: str, suffix: str) -> Path:
+        return self.settings.state_dir / f"{worker_id}{suffix}"
+
+    # -- starting --------------------------------------------------------------------------
+    def check(self, launch: WorkerLaunch) -> None:
+        """Refuse a launch that clashes with what runs here (id or GPUs)."""
+        if launch.worker_id in self.workers:
+            raise AlreadyExists(
+                f"worker {launch.worker_id!r} already runs on this node", field="worker_id"
+            )
+        absent = sorted(set(launch.gpu_indices) - self.settings.gpus)
+        if absent:
+            raise FailedPrecondition(
+                f"gpu_indices {absent} do not exist on this node (it has "
+                f"{sorted(self.settings.gpus)})",
+                field="gpu_indices",
+            )
+        for other in self.workers.values():
+            held = sorted(set(launch.gpu_indices) & set(other.launch.gpu_indices))
+            if held:
+                raise FailedPrecondition(
+                    f"gpu_indices {held} are held by worker {other.worker_id!r}",
+                    field="gpu_indices",
+                )
+
+    async def start(self, launch: WorkerLaunch) -> WorkerProcess:
+        """Spawn the worker and return once it serves (its port file exists)."""
+        self.check(launch)
+        port_file = self._file(launch.worker_id, ".port")
+        port_file.unlink(missing_ok=True)
+        self._gone.pop(launch.worker_id, None)
+        proc = self._spawn(launch, port_file)
+        worker = WorkerProcess(launch, proc.pid, 0, time.time())
+        self._procs[launch.worker_id] = proc
+        self._record(worker)  # before it serves: a restarted agent must know the pid
+        try:
+            port = await _wait_port(port_file, proc, self.settings.start_timeout_s)
+        except BaseException as err:
+            await asyncio.to_thread(_terminate, proc.pid, 2.0)
+            self._forget(launch.worker_id)
+            if isinstance(err, FleetShiftError):
+                tail = _tail(self._file(launch.worker_id, ".log"))
+                raise type(err)(f"{err.message}; log tail: {tail}", field=err.field) from None
+            raise
+        worker = replace(worker, port=port, state=SERVING)
+        self._record(worker)
+        self.live[launch.worker_id] = WorkerLive(role=ROLES[launch.role])
+        log.info(
+            "worker started", extra={"worker": launch.worker_id, "pid": proc.pid, "port": port}
+        )
+        return worker
+
+    def _args(self, launch: WorkerLaunch, port_file: Path) -> list[str]:
+        s = self.settings
+        args = [
+            sys.executable, "-m", "fleetshift_agent.worker",
+            "--listen", "127.0.0.1:0",
+            "--port-file", str(port_file),
+            "--worker-id", launch.worker_id,
+            "--role", launch.role,
+            "--model-id", launch.model,
+            "--compile" if s.compile else "--no-compile",
+        ]  # fmt: skip
+        if launch.restore_from:
+            args += ["--restore-from", launch.restore_from, "--no-restore-sessions"]
+        else:
+            args += ["--model-dir", launch.model_dir]
+        declared = s.declared_products.get(launch.gpu_indices[0], "")
+        if declared:
+            args += ["--declared-gpu", declared]
+        if s.threads:
+            args += ["--threads", str(s.threads)]
+        return args
+
+    def _spawn(self, launch: WorkerLaunch, port_file: Path) -> subprocess.Popen[bytes]:
+        env = {**child_environ(), "PYTHONUNBUFFERED": "1"}
+        if self.settings.threads:
+            env["OMP_NUM_THREADS"] = str(self.settings.threads)
+        with self._file(launch.worker_id, ".log").open("ab") as out:
+            return subprocess.Popen(
+                self._args(launch, port_file),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # survives the agent; one group to signal
+            )
+
+    # -- stopping --------------------------------------------------------------------------
+    async def stop(self, worker_id: str, grace_s: float = 5.0) -> WorkerProcess:
+        """SIGTERM the worker's process group, SIGKILL it after ``grace_s``."""
+        worker = self.get(worker_id)
+        await asyncio.to_thread(_terminate, worker.pid, grace_s)
+        proc = self._procs.get(worker_id)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(proc.wait, 5)
+        stopped = replace(worker, state=STOPPED)
+        self._forget(worker_id)
+        self._gone[worker_id] = stopped
+        log.info("worker stopped", extra={"worker": worker_id})
+        return stopped
+
+    def _forget(self, worker_id: str) -> None:
+        self.workers.pop(worker_id, None)
+        self.live.pop(worker_id, None)
+        self._procs.pop(worker_id, None)
+        for suffix in (".json", ".port"):
+            self._file(worker_id, suffix).unlink(missing_ok=True)
+
+    def get(self, worker_id: str) -> WorkerProcess:
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            raise NotFound(f"worker {worker_id!r} does not run on this node", field="worker_id")
+        return worker
+
+    def serving(self, worker_id: str) -> WorkerProcess:
+        worker = self.get(worker_id)
+        if worker.state != SERVING:
+            raise FailedPrecondition(
+                f"worker {worker_id!r} is {worker.state}, not serving", field="worker_id"
+            )
+        return worker
+
+    # -- adoption --------------------------------------------------------------------------
+    async def adopt(self) -> list[str]:
+        """Take back the workers a previous agent process left running."""
+        adopted: list[str] = []
+        for record in sorted(self.settings.state_dir.glob("*.json")):
+            worker = _load_record(record)
+            if worker is None or not _alive(worker.pid):
+                record.unlink(missing_ok=True)
+                continue
+            if not await _is_worker(worker):
+                log.warning("dropping stale worker record", extra={"worker": record.stem})
+                record.unlink(missing_ok=True)
+                continue
+            if worker.state == STARTING:
+                port = _read_port(self._file(worker.worker_id, ".port"))
+                if port is None:  # its StartWorker failed with the old agent: not wanted
+                    log.warning("stopping a worker whose start was interrupted")
+                    await asyncio.to_thread(_terminate, worker.pid, 2.0)
+                    self._forget(worker.worker_id)
+                    continue
+                worker = replace(worker, port=port, state=SERVING)
+                self._record(worker)
+            self.workers[worker.worker_id] = worker
+            self.live[worker.worker_id] = WorkerLive(role=ROLES[worker.launch.role])
+            adopted.append(worker.worker_id)
+        if adopted:
+            log.info("re-adopted running workers", extra={"workers": adopted})
+        return adopted
+
+    def _record(self, worker: WorkerProcess) -> None:
+        self.workers[worker.worker_id] = worker
+        tmp = self._file(f".{worker.worker_id}", ".json.tmp")
+        tmp.write_text(json.dumps(asdict(worker)))
+        os.replace(tmp, self._file(worker.worker_id, ".json"))
+
+    # -- observation -----------------------------------------------------------------------
+    async def poll(self) -> None:
+        """Refresh counters and sessions of every worker; the dead ones become FAILED."""
+        serving = [w for w in self.workers.values() if w.state == SERVING]
+        await asyncio.gather(*(self._poll_one(w) for w in serving))
+
+    async def _poll_one(self, worker: WorkerProcess) -> None:
+        if self._dead(worker):
+            log.error("worker process is gone", extra={"worker": worker.worker_id})
+            self._forget(worker.worker_id)
+            self._gone[worker.worker_id] = replace(worker, state=FAILED)
+            return
+        live = self.live.setdefault(worker.worker_id, WorkerLive())
+        try:
+            async with grpc.aio.insecure_channel(worker.endpoint) as ch:
+                stub = wpb_grpc.WorkerServiceStub(ch)
+                counters, info = await asyncio.gather(
+                    stub.GetCounters(wpb.GetWorkerCountersRequest(), timeout=POLL_TIMEOUT_S),
+                    stub.GetInfo(wpb.GetWorkerInfoRequest(), timeout=POLL_TIMEOUT_S),
+                )
+        except grpc.aio.AioRpcError as err:
+            log.warning(
+                "worker did not answer",
+                extra={"worker": worker.worker_id, "code": err.code().name},
+            )
+            return
+        live.counters, live.role, live.sessions = counters, info.role, tuple(info.session_ids)
+
+    def _dead(self, worker: WorkerProcess) -> bool:
+        proc = self._procs.get(worker.worker_id)
+        if proc is not None and proc.poll() is not None:  # our child: reaped here
+            return True
+        return not _alive(worker.pid)
+
+    def status(self, worker: WorkerProcess) -> pb.WorkerStatus:
+        launch = worker.launch
+        live = self.live.get(worker.worker_id, WorkerLive())
+        out = pb.WorkerStatus(
+            worker_id=launch.worker_id,
+            model=launch.model,
+            role=live.role or ROLES[launch.role],  # type: ignore[arg-type]
+            tensor_parallel=launch.tp,
+            dtype=launch.dtype,
+            gpu_indices=list(launch.gpu_indices),
+            endpoint=worker.endpoint,
+            state=STATES[worker.state],  # type: ignore[arg-type]
+            origin_snapshot=launch.origin_snapshot,
+            session_ids=list(live.sessions) if worker.state == SERVING else [],
+        )
+        if live.counters is not None and worker.state == SERVING:
+            out.counters.CopyFrom(live.counters)
+        return out
+
+    def statuses(self) -> list[pb.WorkerStatus]:
+        """Every worker this node runs, and the ones that ended since the last heartbeat."""
+        return [self.status(w) for w in _by_id([*self.workers.values(), *self._gone.values()])]
+
+    def heartbeat_statuses(self) -> list[pb.WorkerStatus]:
+        """``statuses()``; ended workers are reported in this one heartbeat, then forgotten."""
+        out = self.statuses()
+        self._gone.clear()
+        return out
+
+    # -- worker calls ----------------------------------------------------------------------
+    async def snapshot(
+        self, worker_id: str, root: Path, snapshot_id: str
+    ) -> wpb.WorkerSnapshotResponse:
+        worker = self.serving(worker_id)
+        request = wpb.WorkerSnapshotRequest(dir=str(root), snapshot_id=snapshot_id)
+        try:
+            async with grpc.aio.insecure_channel(worker.endpoint) as ch:
+                stub = wpb_grpc.WorkerServiceStub(ch)
+                return await stub.Snapshot(request, timeout=SNAPSHOT_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:
+            raise _from_status(err, worker_id) from None
+
+
+# A worker's refusal passes through with its own status; anything else means it is unwell.
+_ERRORS: dict[grpc.StatusCode, type[FleetShiftError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    grpc.StatusCode.ABORTED: Aborted,
+}
+
+
+def _from_status(err: grpc.aio.AioRpcError, worker_id: str) -> FleetShiftError:
+    cls = _ERRORS.get(err.code(), Unavailable)
+    return cls(f"worker {worker_id!r}: {err.details()}")
+
+
+def _by_id(workers: Iterable[WorkerProcess]) -> list[WorkerProcess]:
+    return sorted(workers, key=lambda w: w.worker_id)
+
+
+async def _wait_port(path: Path, proc: subprocess.Popen[bytes], timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        port = _read_port(path)
+        if port is not None:
+            return port
+        if proc.poll() is not None:
+            raise FailedPrecondition(
+                f"worker exited with status {proc.returncode} before it served",
+                field="worker_id",
+            )
+        await asyncio.sleep(0.05)
+    raise Unavailable(f"worker did not serve within {timeout_s:.0f} s", field="worker_id")
+
+
+def _read_port(path: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(path.read_text())
+    return None
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    with contextlib.suppress(OSError):
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    return "(no log)"
+
+
+async def _is_worker(worker: WorkerProcess) -> bool:
+    """Is ``worker.pid`` still that worker (and not a reused pid)?"""
+    try:
+        argv = Path(f"/proc/{worker.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        argv = []
+    if argv:
+        want = worker.worker_id.encode()
+        return any(a == b"--worker-id" and b == want for a, b in itertools.pairwise(argv))
+    if not worker.port:  # no /proc and no port: nothing to ask
+        return False
+    try:
+        async with grpc.aio.insecure_channel(worker.endpoint) as ch:
+            stub = wpb_grpc.WorkerServiceStub(ch)
+            info = await stub.GetInfo(wpb.GetWorkerInfoRequest(), timeout=POLL_TIMEOUT_S)
+    except grpc.aio.AioRpcError:
+        return False
+    return bool(info.worker_id == worker.worker_id)
+
+
+def _load_record(path: Path) -> WorkerProcess | None:
+    try:
+        data = json.loads(path.read_text())
+        raw = data["launch"]
+        launch = WorkerLaunch(**{**raw, "gpu_indices": tuple(raw["gpu_indices"])})
+        return WorkerProcess(**{**data, "launch": launch})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("State:"):
+                return "Z" not in line.split(":", 1)[1]  # a zombie is gone
+    return True
+
+
+def _terminate(pid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM the worker's process group, SIGKILL it after the grace."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
