@@ -185,3 +185,26 @@ class AgentProcess:
             self.proc.kill()
             self.proc.wait(10)
         kill_workers(Path(self.config.state_dir))
+
+
+async def paused_session(
+    worker: worker_pb2_grpc.WorkerServiceStub, session_id: str, tokens: int, steps: int
+) -> tuple[object, list[worker_pb2.GenerateResponse]]:
+    """A session that ran exactly ``steps`` engine steps on a now paused worker.
+
+    Returns its open stream and the tokens read from it so far; the worker stays paused
+    until the test resumes it, however fast the engine is.
+    """
+    await worker.Pause(worker_pb2.WorkerPauseRequest())
+    stream = worker.Generate(
+        worker_pb2.GenerateRequest(
+            prompt_tokens=[5, 6, 7, 8], max_new_tokens=tokens, session_id=session_id
+        )
+    )
+    await eventually(
+        lambda: worker.GetCounters(worker_pb2.GetWorkerCountersRequest()),
+        lambda c: c.live_sessions == 1,
+    )
+    await worker.Resume(worker_pb2.WorkerResumeRequest(steps=steps))
+    received = [await stream.read() for _ in range(steps)]
+    return stream, received

@@ -21,6 +21,7 @@ from .fleet import (
     agent_stub,
     alive,
     eventually,
+    paused_session,
     start_request,
     worker_pid,
     worker_stub,
@@ -65,13 +66,7 @@ async def test_workers_survive_agent_restarts_and_are_adopted(
 
         async with grpc.aio.insecure_channel(started.endpoint) as wch:
             worker = worker_stub(wch)
-            stream = worker.Generate(
-                worker_pb2.GenerateRequest(
-                    prompt_tokens=[5, 6, 7, 8], max_new_tokens=TOKENS, session_id="chat-1"
-                )
-            )
-            received = [await stream.read() for _ in range(3)]
-            await worker.Pause(worker_pb2.WorkerPauseRequest())
+            stream, received = await paused_session(worker, "chat-1", TOKENS, steps=3)
             before = await _counters(started.endpoint)
 
             await agent.signal(signal.SIGKILL)
@@ -89,7 +84,7 @@ async def test_workers_survive_agent_restarts_and_are_adopted(
 
             await worker.Resume(worker_pb2.WorkerResumeRequest())
             while not received[-1].finished:  # the same stream, never broken
-                received.append(await stream.read())
+                received.append(await stream.read())  # type: ignore[attr-defined]
 
         assert [m.index for m in received] == list(range(TOKENS))
         assert received[-1].finished and all(m.session_id == "chat-1" for m in received)
