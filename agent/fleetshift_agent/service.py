@@ -186,8 +186,10 @@ def _renamed(field: str, fn: Callable[[], T]) -> T:
     """Call into the store; its errors name the request's field, not the library's."""
     try:
         return fn()
-    except (InvalidArgument, NotFound) as err:
-        raise type(err)(f"{field}: {err.message}", field=field) from None
+    except NotFound as err:
+        raise NotFound(f"{field}: {err.message}", field=field) from None
+    except InvalidArgument as err:
+        raise InvalidArgument(f"{field}: {err.message}", field=field) from None
 
 
 def binding(servicer: AgentServicer) -> ServiceBinding:

@@ -136,7 +136,7 @@ class Supervisor:
         """Refuse a launch that clashes with what runs here (id or GPUs)."""
         if launch.worker_id in self.workers:
             raise AlreadyExists(
-                f"worker {launch.worker_id!r} already runs on this node", field="worker_id"
+                f"worker_id {launch.worker_id!r} already runs on this node", field="worker_id"
             )
         absent = sorted(set(launch.gpu_indices) - self.settings.gpus)
         if absent:
@@ -241,14 +241,14 @@ class Supervisor:
     def get(self, worker_id: str) -> WorkerProcess:
         worker = self.workers.get(worker_id)
         if worker is None:
-            raise NotFound(f"worker {worker_id!r} does not run on this node", field="worker_id")
+            raise NotFound(f"worker_id {worker_id!r} does not run on this node", field="worker_id")
         return worker
 
     def serving(self, worker_id: str) -> WorkerProcess:
         worker = self.get(worker_id)
         if worker.state != SERVING:
             raise FailedPrecondition(
-                f"worker {worker_id!r} is {worker.state}, not serving", field="worker_id"
+                f"worker_id {worker_id!r} is {worker.state}, not serving", field="worker_id"
             )
         return worker
 
