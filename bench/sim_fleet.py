@@ -37,14 +37,18 @@ console = Console(width=200)
 def headline(results: list[RunResult]) -> dict[str, float]:
     by = {r.name: r.summary for r in results}
     base = max((by[n] for n in ("rr", "ll") if n in by), key=lambda s: s.goodput_rps)
-    fs = by.get("fleetshift")
     out: dict[str, float] = {"baseline_is_" + base.policy: 1.0}
-    if fs is not None:
-        out["goodput_ratio_vs_best_baseline"] = fs.goodput_rps / base.goodput_rps
-        out["cost_per_good_mtok_change"] = fs.cost_per_good_mtok / base.cost_per_good_mtok - 1
-        out["cost_per_mtok_change"] = fs.cost_per_mtok / base.cost_per_mtok - 1
+    for name in ("fleetshift", "fleetshift-all"):
+        fs = by.get(name)
+        if fs is None:
+            continue
+        out[f"{name}_goodput_ratio_vs_best_baseline"] = fs.goodput_rps / base.goodput_rps
+        out[f"{name}_cost_per_good_mtok_change"] = (
+            fs.cost_per_good_mtok / base.cost_per_good_mtok - 1
+        )
+        out[f"{name}_cost_per_mtok_change"] = fs.cost_per_mtok / base.cost_per_mtok - 1
         if "oracle" in by:
-            out["fleetshift_vs_oracle_goodput"] = fs.goodput_rps / by["oracle"].goodput_rps
+            out[f"{name}_vs_oracle_goodput"] = fs.goodput_rps / by["oracle"].goodput_rps
     if "split" in by:
         out["split_goodput_ratio_vs_best_baseline"] = by["split"].goodput_rps / base.goodput_rps
     if "oracle" in by:
