@@ -124,6 +124,7 @@ class Supervisor:
     live: dict[str, WorkerLive] = field(default_factory=dict)
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _gone: dict[str, WorkerProcess] = field(default_factory=dict)  # to report once more
+    _stopping: set[str] = field(default_factory=set)  # not polled: they are shutting down
 
     def __post_init__(self) -> None:
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
@@ -220,11 +221,15 @@ class Supervisor:
     async def stop(self, worker_id: str, grace_s: float = 5.0) -> WorkerProcess:
         """SIGTERM the worker's process group, SIGKILL it after ``grace_s``."""
         worker = self.get(worker_id)
-        await asyncio.to_thread(_terminate, worker.pid, grace_s)
-        proc = self._procs.get(worker_id)
-        if proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(proc.wait, 5)
+        self._stopping.add(worker_id)
+        try:
+            await asyncio.to_thread(_terminate, worker.pid, grace_s)
+            proc = self._procs.get(worker_id)
+            if proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(proc.wait, 5)
+        finally:
+            self._stopping.discard(worker_id)
         stopped = replace(worker, state=STOPPED)
         self._forget(worker_id)
         self._gone[worker_id] = stopped
@@ -290,7 +295,11 @@ class Supervisor:
     # -- observation -----------------------------------------------------------------------
     async def poll(self) -> None:
         """Refresh counters and sessions of every worker; the dead ones become FAILED."""
-        serving = [w for w in self.workers.values() if w.state == SERVING]
+        serving = [
+            w
+            for w in self.workers.values()
+            if w.state == SERVING and w.worker_id not in self._stopping
+        ]
         await asyncio.gather(*(self._poll_one(w) for w in serving))
 
     async def _poll_one(self, worker: WorkerProcess) -> None:
