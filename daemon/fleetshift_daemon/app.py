@@ -99,9 +99,8 @@ class Daemon:
             SqlEfficiencyStore(self.engine),
             PlanningSettings(cfg.planner.threshold, cfg.planner.hold_s, cfg.planner.horizon_s),
         )
-        self.workers.on_change(self.placement.refresh_fleet)
-        self.registry.on_change(self.placement.refresh_fleet)
-        self.placement.refresh_fleet()
+        self.workers.on_change(self.placement.fleet_changed)
+        self.registry.on_change(self.placement.fleet_changed)
         self.operations = OperationLog(SqlOperationStore(self.engine), self.clock)
         await asyncio.to_thread(self.operations.load)
         p = cfg.planner

@@ -134,7 +134,8 @@ class PlacementService:
         self._planner = Planner(self.perf)
         self.cycle = PlanningCycle(self._planner, self.perf, self.hysteresis)
         self.last_report: CycleReport | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._stale = True
 
     # -- the fleet as the performance model sees it ------------------------------------------
     def gpu_kind(self, node: NodeRecord) -> GpuKind | None:
@@ -145,8 +146,21 @@ class PlacementService:
             return None
         return self._catalogue.get(kinds.most_common(1)[0][0])
 
+    def fleet_changed(self) -> None:
+        """A worker or node changed: the index is rebuilt before the next call that reads it.
+
+        Lazy, so registering a thousand nodes costs one rebuild, not a thousand."""
+        self._stale = True
+
+    def _fresh(self) -> None:
+        if self._stale:
+            with self._lock:
+                if self._stale:
+                    self._stale = False
+                    self.refresh_fleet()
+
     def refresh_fleet(self) -> None:
-        """Rebuild the router's index from the registry (a worker or node changed)."""
+        """Rebuild the router's index from the registry now."""
         views = []
         nodes = {n.name: n for n in self._registry.nodes()}
         for w in self._workers.alive():
@@ -180,6 +194,7 @@ class PlacementService:
 
     def observe_heartbeat(self, node: NodeRecord) -> None:
         """Load and traffic from one heartbeat's worker counters."""
+        self._fresh()
         learn = node.inventory_source is InventorySource.NVML
         for counters in node.workers:
             worker = self._workers.find(counters.worker_id)
@@ -217,6 +232,7 @@ class PlacementService:
 
     # -- Route -------------------------------------------------------------------------------
     def route(self, request: RouteRequest) -> Routed:
+        self._fresh()
         decision = self.router.route(request)  # also feeds the traffic window
         worker = self._workers.get(decision.worker_id)
         decode = (
