@@ -146,9 +146,8 @@ def main() -> None:
         try:
             t0 = time.perf_counter()
             asyncio.run(register_fleet(address, args.nodes))
-            print(
-                f"registered {args.nodes} nodes, {2 * args.nodes} workers in {time.perf_counter() - t0:.1f} s"
-            )
+            took = time.perf_counter() - t0
+            print(f"registered {args.nodes} nodes, {2 * args.nodes} workers in {took:.1f} s")
             asyncio.run(load(address, 2.0, args.concurrency, "route"))  # warm-up
             base_rate, base_lat = asyncio.run(
                 load(address, args.seconds, args.concurrency, "health")
