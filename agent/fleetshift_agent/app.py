@@ -107,6 +107,7 @@ class Agent:
             Backoff(cfg.reconnect_initial_s, cfg.reconnect_max_s),
             cfg.max_message_bytes,
             tls.channel_credentials() if tls else None,
+            heartbeat_sent=self._heartbeat_sent,
         )
         self._tasks.append(asyncio.create_task(self.membership.run()))
         self._tasks.append(asyncio.create_task(self._poll_workers()))
@@ -201,8 +202,12 @@ class Agent:
         )
 
     def _heartbeat(self) -> pb.HeartbeatRequest:
-        workers = self.supervisor.heartbeat_statuses() if self.supervisor else []
+        workers = self.supervisor.statuses() if self.supervisor else []
         return pb.HeartbeatRequest(node_name=self.config.node_name, workers=workers)
+
+    def _heartbeat_sent(self, request: pb.HeartbeatRequest) -> None:
+        if self.supervisor is not None:
+            self.supervisor.reported(request.workers)
 
     def _info(self) -> agent_pb2.AgentInfo:
         return agent_pb2.AgentInfo(

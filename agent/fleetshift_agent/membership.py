@@ -55,6 +55,7 @@ class Membership:
         backoff: Backoff,
         max_message_bytes: int,
         credentials: grpc.ChannelCredentials | None = None,
+        heartbeat_sent: Callable[[pb.HeartbeatRequest], None] = lambda request: None,
     ) -> None:
         self._address = daemon_address
         self._registration = registration
@@ -62,6 +63,7 @@ class Membership:
         self._backoff = backoff
         self._max_message_bytes = max_message_bytes
         self._credentials = credentials
+        self._heartbeat_sent = heartbeat_sent
         self.registered = asyncio.Event()
         self.registrations = 0  # how many times this process registered (observability)
         self.interval_s = 1.0  # the heartbeat interval the daemon asked for at registration
@@ -105,8 +107,10 @@ class Membership:
         """Returns when the daemon no longer knows the node; raises when it is unreachable."""
         while True:
             await asyncio.sleep(interval)
+            request = self._heartbeat()
             try:
-                await stub.Heartbeat(self._heartbeat(), timeout=RPC_TIMEOUT_S)
+                await stub.Heartbeat(request, timeout=RPC_TIMEOUT_S)
+                self._heartbeat_sent(request)
             except grpc.aio.AioRpcError as err:
                 if err.code() == grpc.StatusCode.NOT_FOUND:
                     log.warning("daemon does not know this node; registering again")

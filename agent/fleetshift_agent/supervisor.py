@@ -353,11 +353,12 @@ class Supervisor:
         """Every worker this node runs, and the ones that ended since the last heartbeat."""
         return [self.status(w) for w in _by_id([*self.workers.values(), *self._gone.values()])]
 
-    def heartbeat_statuses(self) -> list[pb.WorkerStatus]:
-        """``statuses()``; ended workers are reported in this one heartbeat, then forgotten."""
-        out = self.statuses()
-        self._gone.clear()
-        return out
+    def reported(self, statuses: Iterable[pb.WorkerStatus]) -> None:
+        """The daemon has heard these: ended workers among them are forgotten now."""
+        for status in statuses:
+            gone = self._gone.get(status.worker_id)
+            if gone is not None and STATES[gone.state] == status.state:
+                del self._gone[status.worker_id]
 
     # -- worker calls ----------------------------------------------------------------------
     async def snapshot(

@@ -114,7 +114,7 @@ async def test_workers_survive_agent_restarts_and_are_adopted(
             lambda w: w is not None and w.state == pb.WORKER_STATE_STOPPED,
         )
         assert gone is not None
-        assert list((await _agent_info(agent.address)).workers) == []
+        await eventually(lambda: _agent_info(agent.address), lambda i: list(i.workers) == [])
         assert list((state / "workers").glob("*.json")) == []
     finally:
         agent.kill()
