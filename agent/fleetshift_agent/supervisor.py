@@ -6,7 +6,8 @@ has a small JSON record under the agent's state directory (pid, port, spec), wri
 as the process exists; a starting agent reads them back, checks that the pid is still the
 worker it started (its command line names the worker id, else its GetInfo answers with it)
 and adopts it, or drops the record. A worker whose start the previous agent never saw finish
-is stopped: whoever asked for it was told the start failed.
+is stopped, whether or not it came up since: whoever asked for it was told the start failed,
+and a worker nobody knows about must not hold GPUs.
 
 Nothing here decides placement: the daemon says which worker runs where; the supervisor only
 makes it so and reports what is actually running. A worker that died or was stopped is
@@ -270,15 +271,14 @@ class Supervisor:
                 log.warning("dropping stale worker record", extra={"worker": record.stem})
                 record.unlink(missing_ok=True)
                 continue
-            if worker.state == STARTING:
-                port = _read_port(self._file(worker.worker_id, ".port"))
-                if port is None:  # its StartWorker failed with the old agent: not wanted
-                    log.warning("stopping a worker whose start was interrupted")
-                    await asyncio.to_thread(_terminate, worker.pid, 2.0)
-                    self._forget(worker.worker_id)
-                    continue
-                worker = replace(worker, port=port, state=SERVING)
-                self._record(worker)
+            if worker.state == STARTING:  # its StartWorker failed with the old agent
+                log.warning(
+                    "stopping a worker whose start was interrupted",
+                    extra={"worker": worker.worker_id},
+                )
+                await asyncio.to_thread(_terminate, worker.pid, 2.0)
+                self._forget(worker.worker_id)
+                continue
             self.workers[worker.worker_id] = worker
             self.live[worker.worker_id] = WorkerLive(role=ROLES[worker.launch.role])
             adopted.append(worker.worker_id)

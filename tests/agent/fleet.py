@@ -74,7 +74,10 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    status = Path(f"/proc/{pid}/status").read_text()
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
     return "\nState:\tZ" not in status
 
 

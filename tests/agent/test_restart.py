@@ -122,3 +122,30 @@ async def test_workers_survive_agent_restarts_and_are_adopted(
 
 async def _none() -> None:
     return None
+
+
+async def test_a_start_cut_short_by_an_agent_crash_leaves_no_worker_behind(
+    daemon: object, tiny_model: Path, tmp_path: Path
+) -> None:
+    """The daemon saw that StartWorker fail: the restarted agent stops the half-born worker."""
+    port = daemon.port  # type: ignore[attr-defined]
+    state = tmp_path / "state"
+    agent = AgentProcess(agent_config(port, "h100-b", state), tmp_path)
+    try:
+        await agent.start()
+        async with grpc.aio.insecure_channel(agent.address) as ch:
+            call = agent_stub(ch).StartWorker(start_request("w-half", tiny_model), timeout=120)
+            record = state / "workers" / "w-half.json"
+            await eventually(_none, lambda _: record.exists(), timeout_s=30)
+            pid = worker_pid(state, "w-half")
+            await agent.signal(signal.SIGKILL)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert alive(pid)
+        await agent.start()
+        await eventually(_none, lambda _: not alive(pid), timeout_s=15)
+        info = await eventually(lambda: _agent_info(agent.address), lambda i: i.registered)
+        assert list(info.workers) == [] and not record.exists()
+    finally:
+        agent.kill()
