@@ -140,6 +140,7 @@ class Agent:
                 declared_products=(
                     {g.index: g.product_name for g in self.inventory.gpus} if declared else {}
                 ),
+                cuda=not declared,
                 compile=cfg.worker_compile,
                 threads=cfg.worker_threads,
                 start_timeout_s=cfg.worker_start_timeout_s,

@@ -113,6 +113,7 @@ class SupervisorSettings:
     # Declared inventories (CPU nodes): GPU index -> product, which the worker reports as its
     # own so that compatibility keys behave as on the real hardware.
     declared_products: Mapping[int, str] = field(default_factory=dict)
+    cuda: bool = False  # NVML inventory: workers run on their GPUs (CUDA_VISIBLE_DEVICES)
     compile: bool = True
     threads: int = 0
     start_timeout_s: float = 300.0
@@ -202,12 +203,17 @@ class Supervisor:
             args += ["--declared-gpu", declared]
         if s.threads:
             args += ["--threads", str(s.threads)]
+        if s.cuda:
+            args += ["--device", "cuda"]
         return args
 
     def _spawn(self, launch: WorkerLaunch, port_file: Path) -> subprocess.Popen[bytes]:
         env = {**child_environ(), "PYTHONUNBUFFERED": "1"}
         if self.settings.threads:
             env["OMP_NUM_THREADS"] = str(self.settings.threads)
+        if self.settings.cuda:  # NVML numbers GPUs in PCI bus order; make CUDA agree
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, launch.gpu_indices))
         with self._file(launch.worker_id, ".log").open("ab") as out:
             return subprocess.Popen(
                 self._args(launch, port_file),

@@ -117,3 +117,32 @@ async def test_bad_requests_are_refused_before_any_process_starts(
             code.FAILED_PRECONDITION,
             "model_dir",
         )
+
+
+async def test_a_worker_that_cannot_load_fails_the_call_and_leaves_nothing(
+    daemon: object, tmp_path: Path
+) -> None:
+    port = daemon.port  # type: ignore[attr-defined]
+    state = tmp_path / "state"
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    async with (
+        running_agent(agent_config(port, "h100-y", state)) as agent,
+        grpc.aio.insecure_channel(f"127.0.0.1:{agent.port}") as ch,
+    ):
+        stub = agent_stub(ch)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.StartWorker(start_request("w-bad", broken), timeout=120)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        details = err.value.details() or ""
+        assert "exited with status" in details and "log tail" in details, details
+        info = await stub.GetAgentInfo(agent_pb2.GetAgentInfoRequest())
+        assert list(info.workers) == []
+        assert list((state / "workers").glob("*.json")) == []
+        # its GPU was never taken: the next request fails only on what it got wrong
+        await _refused(
+            stub.StartWorker(start_request("w-bad", tmp_path / "missing", gpus=(0,))),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "model_dir",
+        )
