@@ -21,7 +21,7 @@ import grpc
 
 from fleetshift.v1 import agent_pb2, agent_pb2_grpc
 from fleetshift.v1 import fleet_pb2 as pb
-from fleetshift_agent.snapshot import SnapshotStore
+from fleetshift_agent.snapshot import SnapshotExists, SnapshotStore
 from fleetshift_agent.snapshot.transfer import fetch_snapshot
 from fleetshift_agent.supervisor import Supervisor, WorkerLaunch
 from fleetshift_common.errors import (
@@ -161,25 +161,33 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         sid = request.snapshot_id
         path = _renamed("snapshot_id", lambda: self._store.path(sid))
         if not request.source_agent_address:
-            raise InvalidArgument("source_agent_address must not be empty", field="source")
+            raise InvalidArgument(
+                "source_agent_address must not be empty", field="source_agent_address"
+            )
         started = time.monotonic()
         if path.exists():  # idempotent: a retried step finds the work done
             return agent_pb2.FetchSnapshotResponse(
                 snapshot_id=sid, size_bytes=self._store.summary(sid).size_bytes
             )
-        if self._peer_credentials is None:
-            report = await fetch_snapshot(request.source_agent_address, sid, self._store)
-        else:
-            async with channel(
-                request.source_agent_address, self._max_message_bytes, self._peer_credentials
-            ) as ch:
-                report = await fetch_snapshot(ch, sid, self._store)
+        try:
+            received = await self._fetch(request.source_agent_address, sid)
+        except SnapshotExists:  # a concurrent fetch of the same snapshot finished first
+            received = 0
         return agent_pb2.FetchSnapshotResponse(
             snapshot_id=sid,
-            bytes_received=report.bytes_received,
+            bytes_received=received,
             size_bytes=self._store.summary(sid).size_bytes,
             seconds=time.monotonic() - started,
         )
+
+    async def _fetch(self, source: str, snapshot_id: str) -> int:
+        """Pull into the store over mTLS when this agent has credentials; bytes received."""
+        if self._peer_credentials is None:
+            report = await fetch_snapshot(source, snapshot_id, self._store)
+        else:
+            async with channel(source, self._max_message_bytes, self._peer_credentials) as ch:
+                report = await fetch_snapshot(ch, snapshot_id, self._store)
+        return report.bytes_received
 
 
 def _renamed(field: str, fn: Callable[[], T]) -> T:

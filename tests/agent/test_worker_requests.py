@@ -92,6 +92,15 @@ async def test_bad_requests_are_refused_before_any_process_starts(
             code.INVALID_ARGUMENT,
             "snapshot_id",
         )
+        await _refused(
+            stub.FetchSnapshot(
+                agent_pb2.FetchSnapshotRequest(
+                    source_agent_address=f"127.0.0.1:{agent.port}", snapshot_id="never-taken"
+                )
+            ),
+            code.NOT_FOUND,
+            "never-taken",
+        )
         info = await stub.GetAgentInfo(agent_pb2.GetAgentInfoRequest())
         assert [w.worker_id for w in info.workers] == ["w0"]
         assert sorted(p.name for p in (state / "workers").glob("*.json")) == ["w0.json"]
