@@ -93,6 +93,8 @@ METHOD_ACCESS: Mapping[str, Access] = types.MappingProxyType(
         "/fleetshift.v1.Operations/ListOperations": _A.OPERATOR_READ,
         "/fleetshift.v1.Operations/WatchOperation": _A.OPERATOR_READ,
         "/fleetshift.v1.Operations/LocateSession": _A.ROUTE,
+        "/fleetshift.v1.Operations/StartWorker": _A.OPERATOR_WRITE,
+        "/fleetshift.v1.Operations/StopWorker": _A.OPERATOR_WRITE,
         "/fleetshift.v1.Operations/Rebalance": _A.OPERATOR_WRITE,
         "/fleetshift.v1.Operations/Drain": _A.OPERATOR_WRITE,
         "/fleetshift.v1.Operations/MoveWorker": _A.OPERATOR_WRITE,

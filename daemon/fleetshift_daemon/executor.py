@@ -33,7 +33,14 @@ from dataclasses import dataclass, field
 import grpc
 
 from fleetshift.v1 import agent_pb2, agent_pb2_grpc, worker_pb2, worker_pb2_grpc
-from fleetshift_common.errors import FailedPrecondition
+from fleetshift_common.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    FleetShiftError,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from fleetshift_common.failpoints import Failpoints
 from fleetshift_daemon.api import convert
 from fleetshift_daemon.core.operations import (
@@ -152,6 +159,59 @@ class Executor:
         if task is not None:
             await asyncio.shield(task)
         return self._ops.get(op_id)
+
+    # -- single workers (the scheduler's and operators' StartWorker / StopWorker) ---------------
+    async def start_worker(
+        self, spec: WorkerSpec, node: str, gpus: tuple[int, ...]
+    ) -> WorkerRecord:
+        served = self._placement.models.get(spec.model)
+        record = WorkerRecord(
+            id=f"w-{uuid.uuid4().hex[:10]}",
+            node=node,
+            spec=spec,
+            gpu_indices=gpus,
+            endpoint="",
+            state=WorkerState.STARTING,
+            created_at=self._clock(),
+            operation_id="start",  # owned: a heartbeat racing the start must not fail it
+        )
+        await asyncio.to_thread(self._workers.add, record)
+        agent = self._clients.agent(self._registry.get(node).agent_address)
+        try:
+            status = await agent.StartWorker(
+                agent_pb2.StartWorkerRequest(
+                    worker_id=record.id,
+                    model=spec.model,
+                    model_dir=served.model_dir if served else "",
+                    role=convert.ROLE_TO_PB[spec.role],
+                    tensor_parallel=spec.tp,
+                    dtype=spec.dtype.value,
+                    gpu_indices=list(gpus),
+                ),
+                timeout=START_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as err:
+            await asyncio.to_thread(self._workers.remove, record.id)
+            raise agent_error(err, node) from None
+        return await asyncio.to_thread(
+            self._workers.update,
+            record.id,
+            endpoint=status.endpoint,
+            state=WorkerState.SERVING,
+            operation_id="",
+        )
+
+    async def stop_worker(self, worker_id: str) -> WorkerRecord:
+        worker = self._workers.get(worker_id)
+        if worker.operation_id:
+            raise FailedPrecondition(
+                f"worker {worker_id!r} is being moved by operation {worker.operation_id}",
+                field="worker_id",
+            )
+        await self._stop_worker(worker, deadline_s=30.0)
+        return await asyncio.to_thread(
+            self._workers.update, worker_id, state=WorkerState.STOPPED, sessions=()
+        )
 
     # -- the operation -----------------------------------------------------------------------
     async def _run(self, op_id: str, recovering: bool = False) -> None:
@@ -464,6 +524,21 @@ class Executor:
 
     async def _save(self, op_id: str, **changes: object) -> Operation:
         return await asyncio.to_thread(self._ops.update, op_id, **changes)
+
+
+_AGENT_ERRORS: dict[grpc.StatusCode, type[FleetShiftError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
+}
+
+
+def agent_error(err: grpc.aio.AioRpcError, node: str) -> FleetShiftError:
+    """An agent's refusal, re-raised with the same meaning and the node named."""
+    cls = _AGENT_ERRORS.get(err.code(), FailedPrecondition)
+    return cls(f"agent of node {node!r}: {err.details()}", field="node_name")
 
 
 def _before(step: Step, phase: str) -> bool:

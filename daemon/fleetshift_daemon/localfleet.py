@@ -56,6 +56,9 @@ class LocalFleet:
     heartbeat_interval_s: float = 1.0
     node_lost_after_s: float = 5.0
     daemon_port: int = 0  # 0: pick a free port on first start, then keep it across restarts
+    daemon_extra: str = ""  # TOML appended to the daemon's config (models, planner ...)
+    agent_extra: str = ""  # TOML appended to every agent's config (before its [[gpus]])
+    env: dict[str, str] = field(default_factory=dict)  # extra environment (failpoints ...)
     daemon_proc: subprocess.Popen[bytes] | None = None
     agent_procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -67,7 +70,7 @@ class LocalFleet:
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         out = open(logs / f"{log_name}.log", "ab")  # noqa: SIM115 - owned by the child
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         return subprocess.Popen(
             [sys.executable, "-m", module, "--config", str(config)],
             stdout=out,
@@ -88,6 +91,7 @@ class LocalFleet:
             f"heartbeat_interval_s = {self.heartbeat_interval_s}\n"
             f"node_lost_after_s = {self.node_lost_after_s}\n"
             f"liveness_check_interval_s = {min(0.5, self.heartbeat_interval_s)}\n"
+            + self.daemon_extra
         )
         self.daemon_proc = self._spawn("fleetshift_daemon.main", config, "daemon")
         self.daemon_port = _wait_for(port_file, timeout_s, self.daemon_proc)
@@ -120,7 +124,8 @@ class LocalFleet:
             'inventory = "declared"\n'
             f'port_file = "{port_file}"\n'
             f"reconnect_max_s = {backoff_max}\n"
-            f'[[gpus]]\nproduct_name = "{spec.product_name}"\ncount = {spec.gpu_count}\n'
+            + self.agent_extra
+            + f'[[gpus]]\nproduct_name = "{spec.product_name}"\ncount = {spec.gpu_count}\n'
         )
         proc = self._spawn("fleetshift_agent.main", config, f"agent-{spec.name}")
         self.agent_procs[spec.name] = proc

@@ -30,7 +30,7 @@ from fleetshift_daemon.core.operations import (
     StepState,
 )
 from fleetshift_daemon.core.placement import PlacementService
-from fleetshift_daemon.core.workers import WorkerTable, check_worker_id
+from fleetshift_daemon.core.workers import WorkerSpec, WorkerTable, check_worker_id
 from fleetshift_daemon.executor import Executor
 from fleetshift_rpc.errors import rpc_errors, status_for
 from fleetshift_rpc.security import current_principal
@@ -164,6 +164,39 @@ class OperationsServicer(pb_grpc.OperationsServicer):
         if created:
             self._executor.submit(op)
         return operation_pb(op)
+
+    @rpc_errors
+    async def StartWorker(
+        self, request: pb.StartWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> fpb.WorkerStatus:
+        role = convert.role(request.role)
+        dtype = convert.dtype(request.dtype)
+        if request.node_name:
+            tp = request.tensor_parallel or 1
+            spec = WorkerSpec(request.model, role, tp, dtype)
+            if request.model not in self._placement.models:
+                raise NotFound(
+                    f"model {request.model!r} is not served by this fleet", field="model"
+                )
+            gpus = await asyncio.to_thread(
+                self._planner.slot, spec, request.node_name, tuple(request.gpu_indices)
+            )
+            node = request.node_name
+        else:
+            slot = await asyncio.to_thread(
+                self._placement.place_worker, request.model, role, request.tensor_parallel, dtype
+            )
+            node, gpus = slot.node, slot.gpu_indices
+            spec = WorkerSpec(request.model, role, len(gpus), dtype)
+        worker = await self._executor.start_worker(spec, node, gpus)
+        return convert.worker_pb(worker)
+
+    @rpc_errors
+    async def StopWorker(
+        self, request: pb.StopWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> fpb.WorkerStatus:
+        check_worker_id(request.worker_id)
+        return convert.worker_pb(await self._executor.stop_worker(request.worker_id))
 
     @rpc_errors
     async def MoveWorker(

@@ -25,7 +25,7 @@ from fleetshift_daemon.core.placement import PlacementService
 from fleetshift_daemon.core.plans import MoveKind, Plan
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.core.routing import Role
-from fleetshift_daemon.core.workers import WorkerRecord, WorkerState, WorkerTable
+from fleetshift_daemon.core.workers import WorkerSpec, WorkerState, WorkerTable
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class MovePlanner:
             return Step(
                 index, StepKind.ROLE_CHANGE, worker.id, target.name, role.value, worker.gpu_indices
             )
-        gpus = self._target_gpus(worker, target, req.target_gpus, set(reserved))
+        gpus = self._target_gpus(worker.spec, target, req.target_gpus, set(reserved))
         source_kind = self._kind(self._registry.get(worker.node))
         target_kind = self._kind(target)
         kind = StepKind.MIGRATE if source_kind == target_kind else StepKind.COLD_START
@@ -105,14 +105,18 @@ class MovePlanner:
         kind = self._placement.gpu_kind(node)
         return kind.name if kind else node.gpu_products[0] if node.gpus else ""
 
+    def slot(self, spec: WorkerSpec, node_name: str, wanted: Sequence[int] = ()) -> tuple[int, ...]:
+        """GPUs for a new worker on a named node (checked like a move's target)."""
+        return self._target_gpus(spec, self._target_node(node_name), wanted, set())
+
     def _target_gpus(
         self,
-        worker: WorkerRecord,
+        spec: WorkerSpec,
         target: NodeRecord,
         wanted: Sequence[int],
         reserved: set[tuple[str, int]],
     ) -> tuple[int, ...]:
-        tp = worker.spec.tp
+        tp = spec.tp
         present = {g.index for g in target.gpus}
         busy = self._workers.gpus_in_use(target.name) | {i for n, i in reserved if n == target.name}
         if wanted:
@@ -141,22 +145,22 @@ class MovePlanner:
                     field="target_gpus",
                 )
             gpus = tuple(free[:tp])
-        self._check_memory(worker, target)
+        self._check_memory(spec, target)
         return gpus
 
-    def _check_memory(self, worker: WorkerRecord, target: NodeRecord) -> None:
-        served = self._placement.models.get(worker.spec.model)
+    def _check_memory(self, spec: WorkerSpec, target: NodeRecord) -> None:
+        served = self._placement.models.get(spec.model)
         kind = self._placement.gpu_kind(target)
         if served is None or kind is None:
             return  # unknown to the performance model: the agent's own start will tell
-        dep = Deployment(served.arch, kind, worker.spec.tp, worker.spec.dtype)
+        dep = Deployment(served.arch, kind, spec.tp, spec.dtype)
         try:
             fits = self._placement.perf.kv_capacity_tokens(dep, 0.0) > 0
         except FailedPrecondition:
             fits = False
         if not fits:
             raise FailedPrecondition(
-                f"{worker.spec.model!r} at tp {worker.spec.tp} does not fit in the memory of "
+                f"{spec.model!r} at tp {spec.tp} does not fit in the memory of "
                 f"{target.name!r} ({kind.name})",
                 field="target_node",
             )
