@@ -1,0 +1,92 @@
+"""FetchSnapshot between two agents over mTLS: an agent pulls with its own node certificate.
+
+No daemon is needed: the agents serve while they retry registering, and the test calls the
+destination agent as the daemon would (daemon certificate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from pathlib import Path
+
+import grpc
+import torch
+
+from fleetshift.v1 import agent_pb2
+from fleetshift_agent.snapshot import SnapshotStore
+from fleetshift_common.compat import CompatKey
+from fleetshift_rpc import pki
+
+from .fleet import agent_config, agent_stub, running_agent
+
+KEY = CompatKey(
+    gpu_product="NVIDIA H100 80GB HBM3",
+    gpu_count=1,
+    compute_capability="9.0",
+    driver_version="550.54.15",
+    cuda_version="12.4",
+    torch_version="2.13.0",
+    engine_name="fleetshift-ref",
+    engine_version="0.1.0",
+    model_id="tiny",
+    weights_digest="sha256:" + "cd" * 32,
+    dtype="float32",
+    quantization="none",
+    tensor_parallel=1,
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_fetch_snapshot_over_mtls(tmp_path: Path) -> None:
+    home = tmp_path / "pki"
+    pki.init_ca(home)
+    loopback = {"san_ips": ["127.0.0.1"]}
+    nodes = {n: pki.issue(home, "node", n, **loopback) for n in ("node-a", "node-b")}  # type: ignore[arg-type]
+    caller = pki.issue(home, "daemon", "fleetshiftd", **loopback)  # type: ignore[arg-type]
+    ca = home / pki.CA_CERT
+    nowhere = _free_port()  # no daemon: registration keeps failing, serving does not
+
+    def config(name: str) -> object:
+        plain = agent_config(nowhere, name, tmp_path / name)
+        pair = nodes[name]
+        return dataclasses.replace(
+            plain, tls_cert=str(pair.cert), tls_key=str(pair.key), tls_ca=str(ca)
+        )
+
+    async with (
+        running_agent(config("node-a")) as a,  # type: ignore[arg-type]
+        running_agent(config("node-b")) as b,  # type: ignore[arg-type]
+    ):
+        assert a.store is not None and b.store is not None
+        g = torch.Generator().manual_seed(0)
+        a.store.write(
+            "snap-tls",
+            key=KEY,
+            spec={"kind": "test"},
+            tensor_groups={"weights": {"w": torch.randn(256, 256, generator=g)}},
+            json_parts={"sessions": []},
+        )
+        creds = grpc.ssl_channel_credentials(
+            ca.read_bytes(), caller.key.read_bytes(), caller.cert.read_bytes()
+        )
+        async with grpc.aio.secure_channel(f"127.0.0.1:{b.port}", creds) as ch:
+            reply = await agent_stub(ch).FetchSnapshot(
+                agent_pb2.FetchSnapshotRequest(
+                    source_agent_address=f"127.0.0.1:{a.port}", snapshot_id="snap-tls"
+                ),
+                timeout=30,
+            )
+        assert reply.bytes_received >= 256 * 256 * 4
+        fetched = SnapshotStore(Path(b.config.state_dir) / "snapshots").get("snap-tls")
+        fetched.verify()
+        assert fetched.key == KEY
+        assert torch.equal(
+            fetched.load_tensors("weights")["w"],
+            a.store.get("snap-tls").load_tensors("weights")["w"],
+        )
