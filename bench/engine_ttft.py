@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -99,10 +100,13 @@ class Worker:
         shutil.rmtree(self.cache, ignore_errors=True)
 
 
+VOCAB = 32000  # set from the model's config.json in run()
+
+
 def request(prompt_len: int, max_new: int, seed: int, sid: str = "") -> worker_pb2.GenerateRequest:
     return worker_pb2.GenerateRequest(
         session_id=sid,
-        prompt_tokens=[(7 * i + seed) % 31000 + 1 for i in range(prompt_len)],
+        prompt_tokens=[(7 * i + seed) % (VOCAB - 1) + 1 for i in range(prompt_len)],
         max_new_tokens=max_new,
         sampling=worker_pb2.WorkerSampling(temperature=0.7, top_p=0.9, seed=seed),
     )
@@ -127,6 +131,11 @@ async def make_snapshot(address: str, snap_root: Path, prompt_len: int) -> tuple
         await stub.Pause(worker_pb2.WorkerPauseRequest())
         calls = [stub.Generate(request(prompt_len, 6, 100 + i, f"carried-{i}")) for i in range(2)]
         while (await stub.GetCounters(worker_pb2.GetWorkerCountersRequest())).live_sessions < 2:
+            for call in calls:
+                if call.done():
+                    raise RuntimeError(
+                        f"request failed: {await call.code()} {await call.details()}"
+                    )
             await asyncio.sleep(0.01)
         await stub.Resume(worker_pb2.WorkerResumeRequest(steps=2))
         for call in calls:
@@ -140,6 +149,20 @@ async def make_snapshot(address: str, snap_root: Path, prompt_len: int) -> tuple
         for call in calls:
             call.cancel()
     return Path(snap.path), took, snap.size_bytes
+
+
+async def standby_restore(address: str, snap_path: Path) -> float:
+    """Restore RPC into a running worker of the same model -> next token of a carried session."""
+    async with channel(address) as ch:
+        stub = worker_pb2_grpc.WorkerServiceStub(ch)
+        while (await stub.GetCounters(worker_pb2.GetWorkerCountersRequest())).live_sessions:
+            await asyncio.sleep(0.01)  # the sessions the snapshot was taken from are gone
+        await stub.Resume(worker_pb2.WorkerResumeRequest())
+        t = time.monotonic()
+        await stub.Restore(worker_pb2.WorkerRestoreRequest(path=str(snap_path)))
+        req = worker_pb2.GenerateRequest(resume_session_id="carried-0", resume_from_token=2)
+        await first_token(stub, req)
+        return time.monotonic() - t
 
 
 async def measure(worker: Worker, label: str, prompt_len: int, resume: bool) -> Launch:
@@ -162,6 +185,8 @@ async def run(args: argparse.Namespace) -> None:
     workdir = args.workdir
     workdir.mkdir(parents=True, exist_ok=True)
     model = ensure_model(workdir, args.preset)
+    global VOCAB
+    VOCAB = json.loads((model / "config.json").read_text())["vocab_size"]
     size = sum(p.stat().st_size for p in model.glob("*.safetensors"))
     print(f"model {model} ({size / 1e9:.2f} GB), threads={args.threads}, prompt={args.prompt}")
     snap_root = workdir / "snapshots"
@@ -169,6 +194,7 @@ async def run(args: argparse.Namespace) -> None:
     snap_root.mkdir()
     results: dict[str, list[Launch]] = {"cold": [], "restore": [], "restore-no-artifacts": []}
     snap_path: Path | None = None
+    standby: list[float] = []
     for rep in range(args.repeat):
         cold = Worker(workdir, "cold", ["--model-dir", str(model)], args.threads)
         try:
@@ -178,6 +204,7 @@ async def run(args: argparse.Namespace) -> None:
                     cold.address, snap_root, args.prompt
                 )
                 print(f"snapshot: {snap_bytes / 1e9:.2f} GB written in {snap_s:.2f} s")
+            standby.append(await standby_restore(cold.address, snap_path))
         finally:
             cold.kill()
         for label, extra in (("restore", []), ("restore-no-artifacts", ["--no-compile-artifacts"])):
@@ -188,6 +215,10 @@ async def run(args: argparse.Namespace) -> None:
                 w.kill()
         print(f"repeat {rep + 1}/{args.repeat} done")
     report(results)
+    print(
+        "standby: Restore RPC into a running worker of the same model -> next token of a "
+        f"carried session: {statistics.median(standby):.2f} s (median of {len(standby)})"
+    )
 
 
 def report(results: dict[str, list[Launch]]) -> None:
