@@ -18,7 +18,7 @@ from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift_agent import service
 from fleetshift_agent.discovery import DECLARED, Inventory, discover, package_version
 from fleetshift_agent.membership import Backoff, Membership
-from fleetshift_agent.snapshot import SnapshotStore
+from fleetshift_agent.snapshot import RetentionPolicy, SnapshotStore
 from fleetshift_agent.snapshot.service import SnapshotServicer
 from fleetshift_agent.supervisor import Supervisor, SupervisorSettings
 from fleetshift_common.config import AgentConfig
@@ -89,6 +89,7 @@ class Agent:
             self.store,
             peer_credentials=tls.channel_credentials() if tls else None,
             max_message_bytes=cfg.max_message_bytes,
+            retention=_retention(cfg),
         )
         self.server = await start_server(
             cfg.listen,
@@ -230,6 +231,15 @@ class Agent:
             await self.server.server.stop(grace_s)
         if self.metrics_endpoint:
             self.metrics_endpoint.stop()
+
+
+def _retention(cfg: AgentConfig) -> RetentionPolicy | None:
+    policy = RetentionPolicy(
+        keep_last_per_model=cfg.snapshot_keep_last_per_model or None,
+        max_age_s=cfg.snapshot_max_age_s or None,
+        max_total_bytes=int(cfg.snapshot_max_total_gb * 1024**3) or None,
+    )
+    return policy if policy != RetentionPolicy() else None
 
 
 def _snapshot_binding(store: SnapshotStore) -> ServiceBinding:

@@ -9,6 +9,8 @@ and the snapshot library do the work.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -21,7 +23,7 @@ import grpc
 
 from fleetshift.v1 import agent_pb2, agent_pb2_grpc
 from fleetshift.v1 import fleet_pb2 as pb
-from fleetshift_agent.snapshot import SnapshotExists, SnapshotStore
+from fleetshift_agent.snapshot import RetentionPolicy, SnapshotExists, SnapshotStore
 from fleetshift_agent.snapshot.transfer import fetch_snapshot
 from fleetshift_agent.supervisor import Supervisor, WorkerLaunch
 from fleetshift_common.errors import (
@@ -32,6 +34,8 @@ from fleetshift_common.errors import (
 )
 from fleetshift_rpc.errors import rpc_errors
 from fleetshift_rpc.server import ServiceBinding, channel
+
+log = logging.getLogger("fleetshift.agent")
 
 WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 ROLE_NAMES = {
@@ -53,12 +57,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         *,
         peer_credentials: grpc.ChannelCredentials | None = None,
         max_message_bytes: int = 4 << 20,
+        retention: RetentionPolicy | None = None,
     ) -> None:
         self._info = info
         self._supervisor = supervisor
         self._store = store
         self._peer_credentials = peer_credentials
         self._max_message_bytes = max_message_bytes
+        self._retention = retention
 
     @rpc_errors
     async def GetAgentInfo(
@@ -146,6 +152,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             raise AlreadyExists(f"snapshot_id {sid!r} is already in the store", field="snapshot_id")
         reply = await self._supervisor.snapshot(request.worker_id, self._store.root, sid)
         self._store.get(sid)  # visible (and readable) before the caller hears of it
+        await asyncio.to_thread(self._retain, sid)
         return agent_pb2.SnapshotWorkerResponse(
             snapshot_id=sid,
             size_bytes=reply.size_bytes,
@@ -173,12 +180,22 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             received = await self._fetch(request.source_agent_address, sid)
         except SnapshotExists:  # a concurrent fetch of the same snapshot finished first
             received = 0
+        await asyncio.to_thread(self._retain, sid)
         return agent_pb2.FetchSnapshotResponse(
             snapshot_id=sid,
             bytes_received=received,
             size_bytes=self._store.summary(sid).size_bytes,
             seconds=time.monotonic() - started,
         )
+
+    def _retain(self, newest: str) -> None:
+        """Apply the retention policy; never to the snapshot this call just made or fetched."""
+        if self._retention is None:
+            return
+        with self._store.using(newest):
+            deleted = self._store.apply_retention(self._retention)
+        if deleted:
+            log.info("snapshot retention deleted %s", deleted)
 
     async def _fetch(self, source: str, snapshot_id: str) -> int:
         """Pull into the store over mTLS when this agent has credentials; bytes received."""

@@ -197,6 +197,11 @@ class AgentConfig:
     worker_compile: bool = True
     worker_threads: int = 0  # torch threads per worker; 0: torch's default
     worker_start_timeout_s: float = 300.0  # StartWorker fails if the worker is not serving by then
+    # Snapshot retention, applied after every snapshot or fetch; 0 disables a rule. Pinned
+    # snapshots and ones a restore or transfer is using are always kept.
+    snapshot_keep_last_per_model: int = 0
+    snapshot_max_age_s: float = 0.0
+    snapshot_max_total_gb: float = 0.0
     # Security (docs/security.md): mTLS when all three TLS files are set, else loopback only.
     tls_cert: str = ""
     tls_key: str = ""
@@ -228,6 +233,9 @@ class AgentConfig:
             "worker_start_timeout_s",
         ):
             _check_positive(name, getattr(self, name))
+        for name in ("snapshot_keep_last_per_model", "snapshot_max_age_s", "snapshot_max_total_gb"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"config key '{name}' must be >= 0 (0: off)", field=name)
 
 
 def load_config(cls: type[T], path: str | Path | None, env: Mapping[str, str], prefix: str) -> T:

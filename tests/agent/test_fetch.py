@@ -1,7 +1,8 @@
-"""FetchSnapshot between two agents over mTLS: an agent pulls with its own node certificate.
+"""FetchSnapshot between two agents: over mTLS with each agent's own node certificate, and
+under a retention policy that must never delete the snapshot a fetch just brought in.
 
 No daemon is needed: the agents serve while they retry registering, and the test calls the
-destination agent as the daemon would (daemon certificate).
+destination agent as the daemon would.
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ KEY = CompatKey(
 )
 
 
+def _write(store: SnapshotStore, snapshot_id: str, seed: int = 0) -> None:
+    g = torch.Generator().manual_seed(seed)
+    store.write(
+        snapshot_id,
+        key=KEY,
+        spec={"kind": "test"},
+        tensor_groups={"weights": {"w": torch.randn(256, 256, generator=g)}},
+        json_parts={"sessions": []},
+    )
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -64,14 +76,7 @@ async def test_fetch_snapshot_over_mtls(tmp_path: Path) -> None:
         running_agent(config("node-b")) as b,  # type: ignore[arg-type]
     ):
         assert a.store is not None and b.store is not None
-        g = torch.Generator().manual_seed(0)
-        a.store.write(
-            "snap-tls",
-            key=KEY,
-            spec={"kind": "test"},
-            tensor_groups={"weights": {"w": torch.randn(256, 256, generator=g)}},
-            json_parts={"sessions": []},
-        )
+        _write(a.store, "snap-tls")
         creds = grpc.ssl_channel_credentials(
             ca.read_bytes(), caller.key.read_bytes(), caller.cert.read_bytes()
         )
@@ -90,3 +95,30 @@ async def test_fetch_snapshot_over_mtls(tmp_path: Path) -> None:
             fetched.load_tensors("weights")["w"],
             a.store.get("snap-tls").load_tensors("weights")["w"],
         )
+
+
+async def test_retention_keeps_what_a_fetch_just_brought_in(tmp_path: Path) -> None:
+    nowhere = _free_port()
+    source = agent_config(nowhere, "node-a", tmp_path / "a")
+    keep_one = dataclasses.replace(
+        agent_config(nowhere, "node-b", tmp_path / "b"), snapshot_keep_last_per_model=1
+    )
+    async with running_agent(source) as a, running_agent(keep_one) as b:
+        assert a.store is not None and b.store is not None
+        _write(a.store, "older", seed=1)
+        _write(a.store, "newer", seed=2)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{b.port}") as ch:
+            stub = agent_stub(ch)
+
+            async def fetch(snapshot_id: str) -> set[str]:
+                await stub.FetchSnapshot(
+                    agent_pb2.FetchSnapshotRequest(
+                        source_agent_address=f"127.0.0.1:{a.port}", snapshot_id=snapshot_id
+                    )
+                )
+                return {s.snapshot_id for s in b.store.list()}  # type: ignore[union-attr]
+
+            assert await fetch("older") == {"older"}
+            assert await fetch("newer") == {"newer"}  # one per model: the older one goes
+            # fetched again, the older snapshot stays: the daemon is about to restore it
+            assert await fetch("older") == {"newer", "older"}
