@@ -167,7 +167,7 @@ class OperationsServicer(pb_grpc.OperationsServicer):
 
     @rpc_errors
     async def StartWorker(
-        self, request: pb.StartWorkerRequest, context: grpc.aio.ServicerContext
+        self, request: pb.StartFleetWorkerRequest, context: grpc.aio.ServicerContext
     ) -> fpb.WorkerStatus:
         role = convert.role(request.role)
         dtype = convert.dtype(request.dtype)
@@ -193,7 +193,7 @@ class OperationsServicer(pb_grpc.OperationsServicer):
 
     @rpc_errors
     async def StopWorker(
-        self, request: pb.StopWorkerRequest, context: grpc.aio.ServicerContext
+        self, request: pb.StopFleetWorkerRequest, context: grpc.aio.ServicerContext
     ) -> fpb.WorkerStatus:
         check_worker_id(request.worker_id)
         return convert.worker_pb(await self._executor.stop_worker(request.worker_id))

@@ -163,6 +163,28 @@ class MoveWorkerRequest(_message.Message):
     reason: str
     def __init__(self, worker_id: _Optional[str] = ..., target_node: _Optional[str] = ..., target_gpus: _Optional[_Iterable[int]] = ..., target_role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ..., idempotency_key: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class StartFleetWorkerRequest(_message.Message):
+    __slots__ = ("model", "role", "tensor_parallel", "dtype", "node_name", "gpu_indices")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    role: _fleet_pb2.WorkerRole
+    tensor_parallel: int
+    dtype: str
+    node_name: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model: _Optional[str] = ..., role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ..., tensor_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., node_name: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class StopFleetWorkerRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
 class GetOperationRequest(_message.Message):
     __slots__ = ("operation_id",)
     OPERATION_ID_FIELD_NUMBER: _ClassVar[int]

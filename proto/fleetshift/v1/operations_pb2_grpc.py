@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from fleetshift.v1 import fleet_pb2 as fleetshift_dot_v1_dot_fleet__pb2
 from fleetshift.v1 import operations_pb2 as fleetshift_dot_v1_dot_operations__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -34,6 +35,16 @@ class OperationsStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.StartWorker = channel.unary_unary(
+                '/fleetshift.v1.Operations/StartWorker',
+                request_serializer=fleetshift_dot_v1_dot_operations__pb2.StartFleetWorkerRequest.SerializeToString,
+                response_deserializer=fleetshift_dot_v1_dot_fleet__pb2.WorkerStatus.FromString,
+                _registered_method=True)
+        self.StopWorker = channel.unary_unary(
+                '/fleetshift.v1.Operations/StopWorker',
+                request_serializer=fleetshift_dot_v1_dot_operations__pb2.StopFleetWorkerRequest.SerializeToString,
+                response_deserializer=fleetshift_dot_v1_dot_fleet__pb2.WorkerStatus.FromString,
+                _registered_method=True)
         self.Rebalance = channel.unary_unary(
                 '/fleetshift.v1.Operations/Rebalance',
                 request_serializer=fleetshift_dot_v1_dot_operations__pb2.RebalanceRequest.SerializeToString,
@@ -78,6 +89,19 @@ class OperationsStub:
 
 class OperationsServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def StartWorker(self, request, context):
+        """Start a worker (placed by PlaceWorker unless a node is named); returns once it serves.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopWorker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def Rebalance(self, request, context):
         """plan-and-execute
@@ -135,6 +159,16 @@ class OperationsServicer:
 
 def add_OperationsServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'StartWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartWorker,
+                    request_deserializer=fleetshift_dot_v1_dot_operations__pb2.StartFleetWorkerRequest.FromString,
+                    response_serializer=fleetshift_dot_v1_dot_fleet__pb2.WorkerStatus.SerializeToString,
+            ),
+            'StopWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopWorker,
+                    request_deserializer=fleetshift_dot_v1_dot_operations__pb2.StopFleetWorkerRequest.FromString,
+                    response_serializer=fleetshift_dot_v1_dot_fleet__pb2.WorkerStatus.SerializeToString,
+            ),
             'Rebalance': grpc.unary_unary_rpc_method_handler(
                     servicer.Rebalance,
                     request_deserializer=fleetshift_dot_v1_dot_operations__pb2.RebalanceRequest.FromString,
@@ -185,6 +219,60 @@ def add_OperationsServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Operations:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def StartWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetshift.v1.Operations/StartWorker',
+            fleetshift_dot_v1_dot_operations__pb2.StartFleetWorkerRequest.SerializeToString,
+            fleetshift_dot_v1_dot_fleet__pb2.WorkerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetshift.v1.Operations/StopWorker',
+            fleetshift_dot_v1_dot_operations__pb2.StopFleetWorkerRequest.SerializeToString,
+            fleetshift_dot_v1_dot_fleet__pb2.WorkerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Rebalance(request,
