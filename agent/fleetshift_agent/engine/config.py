@@ -96,11 +96,12 @@ def compile_enabled_by_env(default: bool) -> bool:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """How the engine runs; none of it changes a session's tokens except ``rows``.
+    """How the engine runs. Capacity settings never change a session's tokens.
 
     ``rows`` is the fixed row count of every matrix product: a token's numbers never depend on
-    what else is in the batch because every product has the same shape. A snapshot is only
-    exact when restored with the same ``rows``.
+    what else is in the batch because every product has the same shape. ``rows``, ``dtype``,
+    ``device`` and ``compile`` do change the numbers, so KV is only reused by an engine whose
+    settings match (``Engine.platform``); otherwise it is recomputed from the tokens.
     """
 
     block_size: int = 16
