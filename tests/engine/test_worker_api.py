@@ -120,9 +120,7 @@ async def test_info_reports_role_and_compat_key_and_role_can_change(
         )
         assert changed.role == fleet_pb2.WORKER_ROLE_PREFILL
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await s.SetRole(
-                worker_pb2.SetWorkerRoleRequest(role=fleet_pb2.WORKER_ROLE_UNSPECIFIED)
-            )
+            await s.SetRole(worker_pb2.SetWorkerRoleRequest(role=fleet_pb2.WORKER_ROLE_UNSPECIFIED))
         assert "role" in err.value.details()
 
 
