@@ -143,6 +143,7 @@ class Agent:
                 ),
                 cuda=not declared,
                 compile=cfg.worker_compile,
+                compile_artifacts=cfg.worker_compile_artifacts,
                 threads=cfg.worker_threads,
                 start_timeout_s=cfg.worker_start_timeout_s,
             )

@@ -115,6 +115,7 @@ class SupervisorSettings:
     declared_products: Mapping[int, str] = field(default_factory=dict)
     cuda: bool = False  # NVML inventory: workers run on their GPUs (CUDA_VISIBLE_DEVICES)
     compile: bool = True
+    compile_artifacts: bool = False  # warm starts load the snapshot's compiled code
     threads: int = 0
     start_timeout_s: float = 300.0
 
@@ -196,6 +197,7 @@ class Supervisor:
         ]  # fmt: skip
         if launch.restore_from:
             args += ["--restore-from", launch.restore_from, "--no-restore-sessions"]
+            args += ["--compile-artifacts" if s.compile_artifacts else "--no-compile-artifacts"]
         else:
             args += ["--model-dir", launch.model_dir]
         declared = s.declared_products.get(launch.gpu_indices[0], "")

@@ -197,6 +197,9 @@ class AgentConfig:
     worker_compile: bool = True
     worker_threads: int = 0  # torch threads per worker; 0: torch's default
     worker_start_timeout_s: float = 300.0  # StartWorker fails if the worker is not serving by then
+    # A warm start loads the snapshot's compiled graphs and kernels: generated code, so only
+    # where the snapshot stores are trusted like code (docs/security.md).
+    worker_compile_artifacts: bool = False
     # Snapshot retention, applied after every snapshot or fetch; 0 disables a rule. Pinned
     # snapshots and ones a restore or transfer is using are always kept.
     snapshot_keep_last_per_model: int = 0
