@@ -207,7 +207,7 @@ async def run(args: argparse.Namespace) -> None:
             standby.append(await standby_restore(cold.address, snap_path))
         finally:
             cold.kill()
-        for label, extra in (("restore", []), ("restore-no-artifacts", ["--no-compile-artifacts"])):
+        for label, extra in (("restore", ["--compile-artifacts"]), ("restore-no-artifacts", [])):
             w = Worker(workdir, label, ["--restore-from", str(snap_path), *extra], args.threads)
             try:
                 results[label].append(await measure(w, label, args.prompt, resume=True))

@@ -51,9 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--compile-artifacts",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="on restore, load the snapshot's compiled graphs and kernels (generated code: "
-        "loaded only after the SHA-256 check and on an identical platform)",
+        default=False,
+        help="on restore, load the snapshot's compiled graphs and kernels. Off by default: they "
+        "are generated code and torch pickles its cache entries, so turning this on trusts the "
+        "snapshot store like code (the SHA-256 check and the identical-platform rule still apply)",
     )
     p.add_argument(
         "--restore-sessions",

@@ -148,7 +148,7 @@ def engine_from_snapshot(
     *,
     device: str = "",
     compile: bool | None = None,
-    use_artifacts: bool = True,
+    use_artifacts: bool = False,  # generated code: only for a store trusted like code
     sessions: bool = True,
     clock: Clock = time.monotonic,
 ) -> Restored:
