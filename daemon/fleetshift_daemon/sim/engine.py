@@ -530,6 +530,3 @@ class Simulator:
             memo[id(inst.dep)] = inst.dep
             memo[id(inst.group)] = inst.group
         return copy.deepcopy(self, memo)
-
-
-PolicyFactory = Callable[[], Policy]
