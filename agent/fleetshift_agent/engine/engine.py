@@ -25,6 +25,13 @@ from fleetshift_agent.engine.config import (
     EngineConfig,
     compile_enabled_by_env,
 )
+from fleetshift_agent.engine.delta import (
+    DELTA_KEY,
+    DeltaHeader,
+    check_base,
+    kv_start,
+    tokens_digest,
+)
 from fleetshift_agent.engine.kv_cache import PagedKVCache
 from fleetshift_agent.engine.sampling import SamplingParams, new_generator, sample
 from fleetshift_agent.engine.scheduler import Scheduler, Slice
@@ -114,6 +121,7 @@ class Engine:
             self.kv, max_running=config.max_running, max_step_tokens=config.max_step_tokens
         )
         self.sessions: dict[str, Session] = {}
+        self.staged: dict[str, Session] = {}  # imported, holding KV, not scheduled yet
         self.cos, self.sin = M.rope_table(self.mcfg, self.device)
         self.compiled = compile_enabled_by_env(config.compile)
         self._fns = _step_functions(self.compiled)
@@ -137,7 +145,7 @@ class Engine:
         params: SamplingParams,
         stop_token_ids: Sequence[int] = (),
     ) -> Session:
-        if session_id in self.sessions:
+        if session_id in self.sessions or session_id in self.staged:
             raise AlreadyExists(f"session {session_id!r} exists", field="session_id")
         self._check_tokens(prompt, "prompt_tokens", allow_empty=False)
         self._check_tokens(stop_token_ids, "stop_token_ids", allow_empty=True)
@@ -189,11 +197,14 @@ class Engine:
             raise NotFound(f"no live session {session_id!r}", field="session_id") from None
 
     def cancel(self, session_id: str) -> Session:
-        s = self.get(session_id)
+        """Ends a live or a staged session and frees its KV."""
+        s = self.staged.pop(session_id, None)
+        if s is None:
+            s = self.get(session_id)
+            del self.sessions[session_id]
         self.scheduler.remove(s)
         s.state = SessionState.FINISHED
         s.finish_reason = "cancelled"
-        del self.sessions[session_id]
         return s
 
     def has_work(self) -> bool:
@@ -353,8 +364,13 @@ class Engine:
             "compiled": self.compiled,
         }
 
-    def export_session(self, session_id: str, *, with_kv: bool) -> SessionExport:
+    def export_session(
+        self, session_id: str, *, with_kv: bool, from_token: int = 0
+    ) -> SessionExport:
+        """The whole session, or with ``from_token`` > 0 only what changed since that token."""
         s = self.get(session_id)
+        if from_token:
+            return self._export_delta(s, with_kv=with_kv, from_token=from_token)
         export = SessionExport(
             description=s.describe(),
             rng_state=s.generator.get_state(),
@@ -366,21 +382,53 @@ class Engine:
             export.description["cached"] = 0
         return export
 
+    def _export_delta(self, s: Session, *, with_kv: bool, from_token: int) -> SessionExport:
+        if not 0 < from_token <= len(s.tokens):
+            raise InvalidArgument(
+                f"from_token {from_token} is past the session's {len(s.tokens)} tokens",
+                field="from_token",
+            )
+        start = kv_start(from_token, self.kv.block_size)
+        header = DeltaHeader(from_token, tokens_digest(s.tokens[:from_token]), start)
+        description = {
+            "session_id": s.session_id,
+            "tokens": s.tokens[from_token:],
+            "cached": 0,
+            DELTA_KEY: header.to_json(),
+        }
+        export = SessionExport(description, s.generator.get_state(), self.platform())
+        if with_kv and s.cached > start:  # else the target recomputes from its staged KV on
+            export.k, export.v = self.kv.export(s.blocks, s.cached, start)
+            description["cached"] = s.cached
+        return export
+
     def kv_mismatch(self, platform: dict[str, Any]) -> list[str]:
         """Platform fields that differ; KV from a differing platform is recomputed instead."""
         here = self.platform()
         return sorted(k for k in here if platform.get(k) != here[k])
 
-    def import_session(self, export: SessionExport, *, use_kv: bool = True) -> Session:
-        """Adds an exported session; returns it. KV is used when present, allowed and valid."""
+    def _check_weights(self, export: SessionExport) -> None:
         if export.platform.get("weights_digest") != self.weights_digest:
             raise FailedPrecondition(
                 "session was made with other weights: weights_digest "
                 f"{export.platform.get('weights_digest')!r} != {self.weights_digest!r}",
                 field="weights_digest",
             )
+
+    def import_session(
+        self, export: SessionExport, *, use_kv: bool = True, staged: bool = False
+    ) -> Session:
+        """Adds an exported session; returns it. KV is used when present, allowed and valid.
+
+        ``staged``: hold it (KV loaded) without scheduling it, until ``apply_delta``.
+        """
+        if DELTA_KEY in export.description:
+            raise InvalidArgument(
+                "blob is a delta: apply it to a staged session (delta_for)", field="delta_for"
+            )
+        self._check_weights(export)
         s = Session.from_description(export.description, export.rng_state)
-        if s.session_id in self.sessions:
+        if s.session_id in self.sessions or s.session_id in self.staged:
             raise AlreadyExists(f"session {s.session_id!r} exists", field="session_id")
         if s.state is SessionState.FINISHED:
             raise FailedPrecondition(f"session {s.session_id!r} has finished", field="session_id")
@@ -388,16 +436,74 @@ class Engine:
         self._check_fits(s.prompt_len + s.max_new_tokens)
         cached = int(export.description.get("cached", 0))
         _check_portable(s, cached)
-        s.created_at = self.clock()
-        s.last_token_at = s.created_at if s.generated else None
         if use_kv and export.has_kv and cached and not self.kv_mismatch(export.platform):
             assert export.k is not None and export.v is not None
             self._check_kv_shape(export.k, cached)
             self.kv.grow(s.blocks, cached)
             self.kv.load(s.blocks, export.k, export.v)
             s.cached = cached
+        if staged:
+            self.staged[s.session_id] = s
+        else:
+            self._schedule(s)
+        return s
+
+    def _schedule(self, s: Session) -> None:
+        s.created_at = self.clock()
+        s.last_token_at = s.created_at if s.generated else None
         self.sessions[s.session_id] = s
         self.scheduler.enqueue(s)
+
+    def apply_delta(
+        self, session_id: str, delta: SessionExport, *, schedule: bool = True
+    ) -> Session:
+        """Brings a staged session up to the delta's tokens; schedules it unless told not to.
+
+        Everything is checked before anything changes: a refused delta leaves the staged copy
+        as it was.
+        """
+        s = self.staged.get(session_id)
+        if s is None:
+            raise NotFound(f"delta_for: no staged session {session_id!r}", field="delta_for")
+        header = DeltaHeader.from_description(delta.description)
+        self._check_weights(delta)
+        check_base(
+            header,
+            delta_session=str(delta.description.get("session_id", "")),
+            staged_session=session_id,
+            staged_tokens=s.tokens,
+        )
+        tail = [int(t) for t in delta.description.get("tokens", [])]
+        self._check_tokens(tail, "tokens", allow_empty=True)
+        tokens = s.tokens + tail
+        if len(tokens) - s.prompt_len >= s.max_new_tokens:
+            raise InvalidArgument("max_new_tokens leaves nothing to generate", field="tokens")
+        cached = s.cached
+        delta_cached = int(delta.description.get("cached", 0))
+        use_kv = (
+            delta.has_kv
+            and s.cached >= header.kv_start
+            and header.kv_start < delta_cached < len(tokens)
+            and not self.kv_mismatch(delta.platform)
+        )
+        if use_kv:
+            assert delta.k is not None and delta.v is not None
+            self._check_kv_shape(delta.k, delta_cached - header.kv_start)
+            self._check_kv_shape(delta.v, delta_cached - header.kv_start)
+        generator = new_generator(s.params.seed)
+        try:
+            generator.set_state(delta.rng_state.to(device="cpu", dtype=torch.uint8).clone())
+        except RuntimeError as exc:
+            raise InvalidArgument(f"bad rng_state: {exc}", field="blob") from exc
+        if use_kv:
+            assert delta.k is not None and delta.v is not None
+            self.kv.grow(s.blocks, delta_cached)  # the last check: raises before any change
+            cached = delta_cached
+            self.kv.load(s.blocks, delta.k, delta.v, header.kv_start)
+        s.tokens, s.cached, s.generator = tokens, cached, generator
+        if schedule:
+            del self.staged[session_id]
+            self._schedule(s)
         return s
 
     def _check_kv_shape(self, k: torch.Tensor, cached: int) -> None:

@@ -72,14 +72,17 @@ class PagedKVCache:
         flat = (-1, *self.k[layer].shape[2:])
         return self.k[layer].view(flat)[slots], self.v[layer].view(flat)[slots]
 
-    def export(self, table: list[int], tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A session's cache as [layers, tokens, kv_heads, head_dim] for K and for V."""
-        slots = self.slots(table, 0, tokens)
+    def export(
+        self, table: list[int], tokens: int, start: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions [start, tokens) of a session as [layers, n, kv_heads, head_dim], K and V."""
+        slots = self.slots(table, start, tokens)
         ks, vs = zip(*(self.read(i, slots) for i in range(len(self.k))), strict=True)
         return torch.stack(ks).cpu(), torch.stack(vs).cpu()
 
-    def load(self, table: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
-        slots = self.slots(table, 0, k.shape[1])
+    def load(self, table: list[int], k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
+        """Writes K/V for positions [start, start + n) of a session (the table must cover them)."""
+        slots = self.slots(table, start, start + k.shape[1])
         device, dtype = self.k[0].device, self.k[0].dtype
         for i in range(len(self.k)):
             self.write(i, slots, k[i].to(device, dtype), v[i].to(device, dtype))

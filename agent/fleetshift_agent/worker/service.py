@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 
 from fleetshift.v1 import fleet_pb2, worker_pb2, worker_pb2_grpc
-from fleetshift_agent.engine import Engine, SamplingParams, SessionExport
+from fleetshift_agent.engine import Engine, SamplingParams, Session, SessionExport
 from fleetshift_agent.engine.state import RestoreReport, capture_state
 from fleetshift_agent.snapshot import open_snapshot
 from fleetshift_agent.worker.feeds import Feed, Feeds
@@ -49,6 +49,20 @@ class WorkerState:
     role: int
     restored_from: str = ""
     background: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class _Held:
+    """An imported session as it stood at the step boundary of its import."""
+
+    session_id: str
+    tokens: int
+    prompt_len: int
+    kv_restored: bool
+
+    @classmethod
+    def of(cls, s: Session) -> _Held:
+        return cls(s.session_id, len(s.tokens), s.prompt_len, bool(s.cached))
 
 
 def _sampling(msg: worker_pb2.WorkerSampling) -> SamplingParams:
@@ -82,6 +96,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self.feeds = feeds
         self.state = state
         self.clock = clock
+        self._staged: set[str] = set()  # touched on the event loop only
 
     # ---- clients ------------------------------------------------------------------------
 
@@ -250,22 +265,25 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 field="session_id",
             )
 
-        def export() -> SessionExport:
-            exp = self.engine.export_session(request.session_id, with_kv=request.with_kv)
+        def export() -> tuple[SessionExport, int, int]:
+            exp = self.engine.export_session(
+                request.session_id, with_kv=request.with_kv, from_token=request.from_token
+            )
+            s = self.engine.get(request.session_id)
             if request.release:
                 self.engine.cancel(request.session_id)
-            return exp
+            return exp, len(s.tokens), s.prompt_len
 
-        exp = await self.runner.call(export)
+        exp, tokens, prompt_len = await self.runner.call(export)
         if request.release:
             self.feeds.get(request.session_id).close("moved")
         blob = await asyncio.to_thread(exp.to_bytes)
-        tokens = exp.description["tokens"]
         return worker_pb2.ExportSessionResponse(
             blob=blob,
             kv_included=exp.has_kv,
-            tokens=len(tokens),
-            generated=len(tokens) - exp.description["prompt_len"],
+            tokens=tokens,
+            generated=tokens - prompt_len,
+            delta=bool(request.from_token),
         )
 
     @rpc_errors
@@ -275,27 +293,60 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         if not request.blob:
             raise InvalidArgument("blob must not be empty", field="blob")
         exp = await asyncio.to_thread(SessionExport.from_bytes, request.blob)
+        if request.delta_for:
+            return await self._apply_delta(request, exp)
         sid = str(exp.description.get("session_id", ""))
+        if request.staged:
+            held = await self.runner.call(
+                lambda: _Held.of(self.engine.import_session(exp, staged=True))
+            )
+            self._staged.add(sid)
+            return self._imported(exp, held, staged=True)
         feed_tokens = exp.description["tokens"][exp.description["prompt_len"] :]
         self.feeds.create(sid, feed_tokens)
         try:
-            # Read cached inside the call: once it returns, the engine may prefill the session.
-            kv_restored = await self.runner.call(
-                lambda: bool(self.engine.import_session(exp).cached)
-            )
+            # Read inside the call: once it returns, the engine may prefill the session.
+            held = await self.runner.call(lambda: _Held.of(self.engine.import_session(exp)))
         except BaseException:
             self.feeds.discard(sid)
             raise
+        return self._imported(exp, held, staged=False)
+
+    async def _apply_delta(
+        self, request: worker_pb2.ImportSessionRequest, delta: SessionExport
+    ) -> worker_pb2.ImportSessionResponse:
+        sid = request.delta_for
+        schedule = not request.staged
+
+        def apply() -> _Held:
+            s = self.engine.apply_delta(sid, delta, schedule=schedule)
+            if schedule:  # posted under the step lock: the feed exists before any new token
+                self.loop.call_soon_threadsafe(self._create_feeds, [(sid, list(s.generated))])
+            return _Held.of(s)
+
+        held = await self.runner.call(apply)
+        if schedule:
+            self._staged.discard(sid)
+        return self._imported(delta, held, staged=not schedule)
+
+    def _imported(
+        self, exp: SessionExport, held: _Held, *, staged: bool
+    ) -> worker_pb2.ImportSessionResponse:
         note = ""
-        if exp.has_kv and not kv_restored:
-            note = "KV recomputed: platform differs in " + ", ".join(
-                self.engine.kv_mismatch(exp.platform)
+        if exp.has_kv and not held.kv_restored:
+            mismatch = self.engine.kv_mismatch(exp.platform)
+            note = (
+                "KV recomputed: platform differs in " + ", ".join(mismatch)
+                if mismatch
+                else "KV recomputed: the staged copy's KV does not reach the delta's"
             )
         return worker_pb2.ImportSessionResponse(
-            session_id=sid,
-            kv_restored=kv_restored,
+            session_id=held.session_id,
+            kv_restored=held.kv_restored,
             kv_note=note,
-            generated=len(feed_tokens),
+            generated=held.tokens - held.prompt_len,
+            staged=staged,
+            tokens=held.tokens,
         )
 
     @rpc_errors
@@ -303,7 +354,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self, request: worker_pb2.CancelSessionRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.CancelSessionResponse:
         session = await self.runner.call(lambda: self.engine.cancel(request.session_id))
-        self.feeds.get(request.session_id).close("cancelled")
+        if request.session_id in self._staged:  # a staged copy has no client stream
+            self._staged.discard(request.session_id)
+        else:
+            self.feeds.get(request.session_id).close("cancelled")
         return worker_pb2.CancelSessionResponse(generated=len(session.generated))
 
     @rpc_errors
@@ -342,6 +396,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             paused=self.runner.paused,
             restored_from=self.state.restored_from,
             session_ids=self.feeds.live_ids(),
+            staged_session_ids=sorted(self._staged),
         )
 
     @rpc_errors

@@ -110,44 +110,56 @@ class WorkerRestoreResponse(_message.Message):
     def __init__(self, session_ids: _Optional[_Iterable[str]] = ..., kv_restored: _Optional[_Iterable[str]] = ..., compat: _Optional[str] = ...) -> None: ...
 
 class ExportSessionRequest(_message.Message):
-    __slots__ = ("session_id", "with_kv", "release")
+    __slots__ = ("session_id", "with_kv", "release", "from_token")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WITH_KV_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    FROM_TOKEN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     with_kv: bool
     release: bool
-    def __init__(self, session_id: _Optional[str] = ..., with_kv: _Optional[bool] = ..., release: _Optional[bool] = ...) -> None: ...
+    from_token: int
+    def __init__(self, session_id: _Optional[str] = ..., with_kv: _Optional[bool] = ..., release: _Optional[bool] = ..., from_token: _Optional[int] = ...) -> None: ...
 
 class ExportSessionResponse(_message.Message):
-    __slots__ = ("blob", "kv_included", "tokens", "generated")
+    __slots__ = ("blob", "kv_included", "tokens", "generated", "delta")
     BLOB_FIELD_NUMBER: _ClassVar[int]
     KV_INCLUDED_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
     blob: bytes
     kv_included: bool
     tokens: int
     generated: int
-    def __init__(self, blob: _Optional[bytes] = ..., kv_included: _Optional[bool] = ..., tokens: _Optional[int] = ..., generated: _Optional[int] = ...) -> None: ...
+    delta: bool
+    def __init__(self, blob: _Optional[bytes] = ..., kv_included: _Optional[bool] = ..., tokens: _Optional[int] = ..., generated: _Optional[int] = ..., delta: _Optional[bool] = ...) -> None: ...
 
 class ImportSessionRequest(_message.Message):
-    __slots__ = ("blob",)
+    __slots__ = ("blob", "staged", "delta_for")
     BLOB_FIELD_NUMBER: _ClassVar[int]
+    STAGED_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FOR_FIELD_NUMBER: _ClassVar[int]
     blob: bytes
-    def __init__(self, blob: _Optional[bytes] = ...) -> None: ...
+    staged: bool
+    delta_for: str
+    def __init__(self, blob: _Optional[bytes] = ..., staged: _Optional[bool] = ..., delta_for: _Optional[str] = ...) -> None: ...
 
 class ImportSessionResponse(_message.Message):
-    __slots__ = ("session_id", "kv_restored", "kv_note", "generated")
+    __slots__ = ("session_id", "kv_restored", "kv_note", "generated", "staged", "tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     KV_RESTORED_FIELD_NUMBER: _ClassVar[int]
     KV_NOTE_FIELD_NUMBER: _ClassVar[int]
     GENERATED_FIELD_NUMBER: _ClassVar[int]
+    STAGED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     kv_restored: bool
     kv_note: str
     generated: int
-    def __init__(self, session_id: _Optional[str] = ..., kv_restored: _Optional[bool] = ..., kv_note: _Optional[str] = ..., generated: _Optional[int] = ...) -> None: ...
+    staged: bool
+    tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., kv_restored: _Optional[bool] = ..., kv_note: _Optional[str] = ..., generated: _Optional[int] = ..., staged: _Optional[bool] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class CancelSessionRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -200,7 +212,7 @@ class WorkerCompatKey(_message.Message):
     def __init__(self, gpu_product: _Optional[str] = ..., gpu_count: _Optional[int] = ..., compute_capability: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., engine_name: _Optional[str] = ..., engine_version: _Optional[str] = ..., model_id: _Optional[str] = ..., weights_digest: _Optional[str] = ..., dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., tensor_parallel: _Optional[int] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "role", "model_id", "compat_key", "kv_block_size", "kv_blocks_total", "max_running", "compiled", "paused", "restored_from", "session_ids")
+    __slots__ = ("worker_id", "role", "model_id", "compat_key", "kv_block_size", "kv_blocks_total", "max_running", "compiled", "paused", "restored_from", "session_ids", "staged_session_ids")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +224,7 @@ class WorkerInfo(_message.Message):
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
     SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    STAGED_SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: _fleet_pb2.WorkerRole
     model_id: str
@@ -223,7 +236,8 @@ class WorkerInfo(_message.Message):
     paused: bool
     restored_from: str
     session_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ..., model_id: _Optional[str] = ..., compat_key: _Optional[_Union[WorkerCompatKey, _Mapping]] = ..., kv_block_size: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., max_running: _Optional[int] = ..., compiled: _Optional[bool] = ..., paused: _Optional[bool] = ..., restored_from: _Optional[str] = ..., session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    staged_session_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ..., model_id: _Optional[str] = ..., compat_key: _Optional[_Union[WorkerCompatKey, _Mapping]] = ..., kv_block_size: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., max_running: _Optional[int] = ..., compiled: _Optional[bool] = ..., paused: _Optional[bool] = ..., restored_from: _Optional[str] = ..., session_ids: _Optional[_Iterable[str]] = ..., staged_session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SetWorkerRoleRequest(_message.Message):
     __slots__ = ("role",)
