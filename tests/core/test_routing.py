@@ -159,3 +159,17 @@ def test_a_model_added_later_is_routed_after_the_next_fleet_update() -> None:
     r.set_models([llama2_70b(), small])
     assert r.update_fleet([worker("h100", H100_SXM), w8]) == ()
     assert r.route(RouteRequest(small.name, 100, 10)).worker_id == "s1"
+
+
+def test_prefill_only_workers_pair_with_mixed_ones_and_are_used() -> None:
+    """The planner places prefill-only workers next to mixed ones; a prefill-only worker must
+    then hand its KV to a mixed worker, not sit idle (found by the fleet simulator)."""
+    r = router(worker("p-h100", H100_SXM, Role.PREFILL), worker("m-h200", H200_SXM, Role.MIXED))
+    r.update_load("m-h200", queue_tokens=40_000, kv_used_tokens=0, live_sessions=8)
+    d = r.route(RouteRequest(MODEL, prompt_tokens=6000, expected_output_tokens=50))
+    assert (d.prefill_worker_id, d.decode_worker_id) == ("p-h100", "m-h200")
+    # ... and a mixed worker prefills for a decode-only one.
+    r = router(worker("m-h100", H100_SXM, Role.MIXED), worker("d-h200", H200_SXM, Role.DECODE))
+    r.update_load("m-h100", queue_tokens=0, kv_used_tokens=200_000, live_sessions=120)
+    d = r.route(RouteRequest(MODEL, prompt_tokens=200, expected_output_tokens=2000))
+    assert (d.prefill_worker_id, d.decode_worker_id) == ("m-h100", "d-h200")

@@ -476,7 +476,15 @@ class Router:
         ttft_slo: float,
     ) -> RouteDecision:
         single, p, d = best
-        pair = self._pair_terms(req, p, d, ttft_slo) if p is not None and d is not None else None
+        # A split pair needs a prefill side and a decode side; a mixed worker can stand in for
+        # either (the planner places prefill-only workers feeding mixed ones, and mixed ones
+        # feeding decode-only ones), never for both.
+        pre, dec = p or single, d or single
+        pair = (
+            self._pair_terms(req, pre, dec, ttft_slo)
+            if pre is not None and dec is not None and pre is not dec
+            else None
+        )
         if single is None and pair is None:
             # Only one side of a split pool exists: it still answers, scored down.
             only = p or d
@@ -493,8 +501,10 @@ class Router:
                 "no complete pool for this model; ",
             )
         if pair is not None and (single is None or pair.total > single.total):
-            assert p is not None and d is not None
-            return self._decision(p.worker, p.worker, d.worker, pair, out, estimated, scored, "")
+            assert pre is not None and dec is not None
+            return self._decision(
+                pre.worker, pre.worker, dec.worker, pair, out, estimated, scored, ""
+            )
         assert single is not None
         return self._decision(single.worker, None, None, single.terms(), out, estimated, scored, "")
 
