@@ -51,6 +51,7 @@ from fleetshift_daemon.core.operations import (
     StepKind,
     StepState,
 )
+from fleetshift_daemon.core.perfmodel import Dtype
 from fleetshift_daemon.core.placement import PlacementService
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.core.routing import Role
@@ -162,7 +163,7 @@ class Executor:
 
     # -- single workers (the scheduler's and operators' StartWorker / StopWorker) ---------------
     async def start_worker(
-        self, spec: WorkerSpec, node: str, gpus: tuple[int, ...]
+        self, spec: WorkerSpec, node: str, gpus: tuple[int, ...], owner: str = "start"
     ) -> WorkerRecord:
         served = self._placement.models.get(spec.model)
         record = WorkerRecord(
@@ -173,7 +174,7 @@ class Executor:
             endpoint="",
             state=WorkerState.STARTING,
             created_at=self._clock(),
-            operation_id="start",  # owned: a heartbeat racing the start must not fail it
+            operation_id=owner,  # owned: a heartbeat racing the start must not fail it
         )
         await asyncio.to_thread(self._workers.add, record)
         agent = self._clients.agent(self._registry.get(node).agent_address)
@@ -270,6 +271,8 @@ class Executor:
         try:
             if step.kind is StepKind.ROLE_CHANGE:
                 await self._role_change(op_id, step)
+            elif step.kind is StepKind.START:
+                await self._start_step(op_id, step)
             else:
                 await self._move(op_id, step)
         except Exception as err:
@@ -290,6 +293,18 @@ class Executor:
         await asyncio.to_thread(self._workers.update, worker.id, spec=_with_role(worker, role))
         await self._save_step(
             op_id, step.index, phase="done", state=StepState.DONE, finished_at=self._clock()
+        )
+
+    async def _start_step(self, op_id: str, step: Step) -> None:
+        spec = WorkerSpec(step.model, Role(step.target_role), step.tp, Dtype(step.dtype or "bf16"))
+        worker = await self.start_worker(spec, step.target_node, step.target_gpus, owner=op_id)
+        await self._save_step(
+            op_id,
+            step.index,
+            phase="done",
+            state=StepState.DONE,
+            new_worker_id=worker.id,
+            finished_at=self._clock(),
         )
 
     # -- a move, phase by phase ---------------------------------------------------------------
@@ -463,6 +478,13 @@ class Executor:
     # -- undo ---------------------------------------------------------------------------------
     async def _rollback(self, op_id: str, step: Step, why: str) -> None:
         log.warning("rolling back step %d: %s", step.index, why, extra={"operation": op_id})
+        if step.kind is StepKind.START:  # a start cut short: stop what it may have started
+            for worker in self._workers.all(node=step.target_node):
+                if worker.operation_id == op_id and worker.state.alive:
+                    await self._stop_worker(worker)
+                    await asyncio.to_thread(
+                        self._workers.update, worker.id, state=WorkerState.STOPPED, operation_id=""
+                    )
         target = self._workers.find(step.new_worker_id) if step.new_worker_id else None
         if target is not None and target.state.alive:
             await self._stop_worker(target)

@@ -22,6 +22,7 @@ from fleetshift_daemon.core.fleet import NodeRecord, NodeState
 from fleetshift_daemon.core.operations import Operation, Step, StepKind
 from fleetshift_daemon.core.perfmodel import Deployment
 from fleetshift_daemon.core.placement import PlacementService
+from fleetshift_daemon.core.planner import PlacedWorker
 from fleetshift_daemon.core.plans import MoveKind, Plan
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.core.routing import Role
@@ -188,10 +189,17 @@ class MovePlanner:
         return tuple(steps)
 
     def plan_steps(self, plan: Plan) -> tuple[Step, ...]:
-        """The executable part of a plan: role changes and moves of existing workers."""
+        """The executable part of a plan: role changes, moves, and new workers. Stops are left
+        out: a worker the plan no longer wants keeps serving until an operator drains it."""
         steps: list[Step] = []
         reserved: list[tuple[str, int]] = []
         for move in plan.moves:
+            if move.kind is MoveKind.START and move.target is not None:
+                start = self._start_step(move.target, len(steps), reserved)
+                if start is not None:
+                    reserved.extend((start.target_node, i) for i in start.target_gpus)
+                    steps.append(start)
+                continue
             if move.kind not in (MoveKind.ROLE_CHANGE, MoveKind.MIGRATE, MoveKind.COLD_START):
                 continue
             if move.source is None or move.target is None or not move.source.worker_id:
@@ -208,6 +216,26 @@ class MovePlanner:
             steps.append(step)
         return tuple(steps)
 
+    def _start_step(
+        self, target: PlacedWorker, index: int, reserved: Sequence[tuple[str, int]]
+    ) -> Step | None:
+        spec = WorkerSpec(target.model, target.role, target.tp, target.dtype)
+        try:
+            gpus = self._target_gpus(spec, self._target_node(target.node), (), set(reserved))
+        except (FailedPrecondition, InvalidArgument, NotFound):
+            return None  # the node changed since the plan; the next pass re-plans
+        return Step(
+            index,
+            StepKind.START,
+            "",
+            target.node,
+            target.role.value,
+            gpus,
+            model=target.model,
+            tp=target.tp,
+            dtype=target.dtype.value,
+        )
+
     def check_minimums(self, steps: Sequence[Step]) -> None:
         """A model must keep its minimum of serving workers at every moment of the operation.
 
@@ -218,6 +246,8 @@ class MovePlanner:
             w.spec.model for w in self._workers.alive() if w.state is WorkerState.SERVING
         )
         for step in steps:
+            if step.kind is StepKind.START:
+                continue  # adds a worker, never removes one
             worker = self._workers.get(step.worker_id)
             served = self._placement.models.get(worker.spec.model)
             minimum = served.min_workers if served else 0

@@ -44,6 +44,7 @@ class StepKind(enum.Enum):
     ROLE_CHANGE = "role_change"  # in place
     MIGRATE = "migrate"  # same GPU model: snapshot, transfer, warm restore, sessions with KV
     COLD_START = "cold_start"  # other GPU model: fresh start, sessions as token history
+    START = "start"  # a new worker where the plan wants one (no source)
 
 
 class StepState(enum.Enum):
@@ -73,6 +74,9 @@ class Step:
     bytes_moved: int = 0
     sessions_carried: int = 0
     max_session_pause_ms: float = 0.0
+    model: str = ""  # START: what the new worker serves
+    tp: int = 0
+    dtype: str = ""
     predicted_gain: float = 0.0
     predicted_pause_s: float = 0.0
     started_at: float | None = None
