@@ -145,21 +145,28 @@ def test_input_errors_name_the_field() -> None:
     assert exc3.value.field == f"slos[{M70}].ttft_ms"
 
 
-def test_demand_from_counters_uses_processed_tokens_per_request() -> None:
+def test_demand_is_the_offered_load_and_counters_only_raise_lengths() -> None:
     from fleetshift_daemon.core.traffic import TrafficMonitor
 
-    t = [0.0]
-    mon = TrafficMonitor(lambda: t[0])
-    for _ in range(100):
-        mon.observe_request(M70, 1000, 100)  # the router's estimate: 100 output tokens
-        t[0] += 0.1
-    mon.observe_counters("w1", M70, 0, 0)
-    t[0] += 1.0
-    mon.observe_counters("w1", M70, 10_000, 5_000)  # the fleet processed 10k in, 5k out
-    d = ModelDemand.from_stats(mon.stats(M70))
+    def demand(processed_in: int, processed_out: int) -> ModelDemand:
+        t = [0.0]
+        mon = TrafficMonitor(lambda: t[0])
+        for _ in range(100):
+            mon.observe_request(M70, 1000, 100)  # the router's estimate: 100 output tokens
+            t[0] += 0.1
+        mon.observe_counters("w1", M70, 0, 0)
+        t[0] += 1.0
+        mon.observe_counters("w1", M70, processed_in, processed_out)
+        return ModelDemand.from_stats(mon.stats(M70))
+
+    # Outputs were estimated too short: the fleet produced 500 per request, that stands.
+    d = demand(100_000, 50_000)
     assert d.arrival_rate_per_s == pytest.approx(100 / 11, rel=0.01)
-    assert d.mean_prompt_tokens == pytest.approx(10_000 / 100)
-    assert d.mean_output_tokens == pytest.approx(5_000 / 100)
+    assert (d.mean_prompt_tokens, d.mean_output_tokens) == pytest.approx((1000, 500))
+    # A fleet behind its backlog processed less than arrived: the requests' lengths stand
+    # (found by the simulator: planning for what was processed hid the overload).
+    d = demand(1_000, 500)
+    assert (d.mean_prompt_tokens, d.mean_output_tokens) == pytest.approx((1000, 100))
 
 
 def test_unsatisfiable_minimum_workers_fail_naming_the_field() -> None:

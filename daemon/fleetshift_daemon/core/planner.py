@@ -77,13 +77,18 @@ class ModelDemand:
 
     @classmethod
     def from_stats(cls, stats: TrafficStats) -> ModelDemand:
-        """Rates from the window; when worker counters fed it, their processed tokens per
-        request stand for the lengths (route calls only carry estimated outputs)."""
+        """Offered load: the arrival rate and the lengths the requests asked for.
+
+        Worker counters can only raise a length: when the fleet processed more tokens per
+        request than the router was told (outputs were estimated too short), the processed
+        figure stands. They never lower it: a fleet that falls behind processes fewer tokens
+        per request than arrive, and planning for that would hide the overload it should fix.
+        """
         rate = stats.arrival_rate_per_s
         prompt, output = stats.prompt.mean, stats.output.mean
         if stats.source == "counters" and rate > 0:
-            prompt = stats.prefill_tokens_per_s / rate
-            output = stats.decode_tokens_per_s / rate
+            prompt = max(prompt, stats.prefill_tokens_per_s / rate)
+            output = max(output, stats.decode_tokens_per_s / rate)
         return cls(stats.model, rate, max(prompt, 1.0), max(output, 1.0))
 
 
