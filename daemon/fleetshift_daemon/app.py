@@ -9,7 +9,6 @@ upgraded and the registry is loaded: a client that sees the daemon ready sees ev
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections import Counter
@@ -276,14 +275,13 @@ class Daemon:
         except FleetShiftError as err:
             log.warning("automatic plan not executed: %s", err)
             return
-        limit = self.config.planner.max_moves_in_flight
         op, _ = await asyncio.to_thread(
             self.operations.create,
             OperationKind.REBALANCE,
             "planner (automatic mode)",
             f"efficiency {plan.efficiency_before:.3f} below target; "
             f"predicted gain {plan.gain_tokens_per_s:,.0f} tokens/s",
-            tuple(dataclasses.replace(s, index=i) for i, s in enumerate(steps[:limit])),
+            steps,
         )
         self.executor.submit(op)
 

@@ -8,6 +8,7 @@ refused request starts nothing and leaves no trace but the error.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -214,7 +215,11 @@ class MovePlanner:
                 continue  # the fleet moved on since the plan; the next pass re-plans
             reserved.extend((step.target_node, i) for i in step.target_gpus)
             steps.append(step)
-        return tuple(steps)
+        # Make-before-break at the plan's scale too: new capacity first, then moves, then
+        # role changes (which take capacity from one phase to give it to the other).
+        order = {StepKind.START: 0, StepKind.MIGRATE: 1, StepKind.COLD_START: 1}
+        ordered = sorted(steps, key=lambda s: order.get(s.kind, 2))
+        return tuple(dataclasses.replace(s, index=i) for i, s in enumerate(ordered))
 
     def _start_step(
         self, target: PlacedWorker, index: int, reserved: Sequence[tuple[str, int]]
