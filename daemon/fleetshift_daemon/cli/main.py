@@ -224,6 +224,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("nodes", help="list the fleet's nodes").set_defaults(run=cmd_nodes)
     sub.add_parser("certs", help="issue a CA and certificates: fleetshift certs --help")
+    sub.add_parser(
+        "simulate", help="replay a trace on a simulated fleet: fleetshift simulate --help"
+    )
     cordon = sub.add_parser("cordon", help="stop placing work on a node")
     cordon.add_argument("node")
     cordon.add_argument("--reason", default="")
@@ -280,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["certs"]:  # fleetshift certs init-ca|issue-node|issue-operator ...
         return pki.main(argv[1:])
+    if argv[:1] == ["simulate"]:  # fleetshift simulate --trace CSV --fleet TOML --policy all ...
+        from fleetshift_daemon.sim.cli import main as simulate
+
+        return int(simulate(argv[1:]) or 0)
     args = _parser().parse_args(argv)
     try:
         return int(args.run(args))
