@@ -205,3 +205,46 @@ async def test_live_move_between_workers_keeps_every_token(
             await dst.ImportSession(worker_pb2.ImportSessionRequest(blob=delta.blob, delta_for=sid))
         assert bad.value.code() == grpc.StatusCode.NOT_FOUND and "delta_for" in str(bad.value)
     assert received == reference
+
+
+@pytest.mark.slow
+async def test_a_staged_copy_can_be_dropped_and_bad_moves_name_their_field(
+    tiny_model: Path, workers: Workers
+) -> None:
+    """The executor's rollback: the source session ended (or the move failed) after staging."""
+    source = workers.start("--model-dir", str(tiny_model), "--start-paused")
+    target = workers.start("--model-dir", str(tiny_model))
+    sid = "greedy-long"
+    async with source.channel() as src_ch, target.channel() as dst_ch:
+        src, dst = stub(src_ch), stub(dst_ch)
+        call = src.Generate(generate_request(sid, REQUESTS[sid]))
+        await src.Resume(worker_pb2.WorkerResumeRequest(steps=2))
+        await _read({sid: call}, {sid: []}, 2)
+        pre = await src.ExportSession(worker_pb2.ExportSessionRequest(session_id=sid, with_kv=True))
+        await dst.ImportSession(worker_pb2.ImportSessionRequest(blob=pre.blob, staged=True))
+        with pytest.raises(grpc.aio.AioRpcError) as past:
+            await src.ExportSession(
+                worker_pb2.ExportSessionRequest(session_id=sid, from_token=pre.tokens + 1)
+            )
+        assert past.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "from_token" in (past.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as twice:
+            await dst.ImportSession(worker_pb2.ImportSessionRequest(blob=pre.blob, staged=True))
+        assert twice.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        used = (await dst.GetCounters(worker_pb2.GetWorkerCountersRequest())).kv_blocks_used
+        assert used > 0
+        await dst.CancelSession(worker_pb2.CancelSessionRequest(session_id=sid))
+        info = await dst.GetInfo(worker_pb2.GetWorkerInfoRequest())
+        counters = await dst.GetCounters(worker_pb2.GetWorkerCountersRequest())
+        assert not info.staged_session_ids and counters.kv_blocks_used == 0
+        delta = await src.ExportSession(
+            worker_pb2.ExportSessionRequest(session_id=sid, with_kv=True, from_token=pre.tokens)
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as gone:
+            await dst.ImportSession(worker_pb2.ImportSessionRequest(blob=delta.blob, delta_for=sid))
+        assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.aio.AioRpcError) as not_full:
+            await dst.ImportSession(worker_pb2.ImportSessionRequest(blob=delta.blob))
+        assert not_full.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "delta_for" in (not_full.value.details() or "")
+        call.cancel()

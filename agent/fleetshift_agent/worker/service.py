@@ -20,6 +20,7 @@ import numpy as np
 
 from fleetshift.v1 import fleet_pb2, worker_pb2, worker_pb2_grpc
 from fleetshift_agent.engine import Engine, SamplingParams, Session, SessionExport
+from fleetshift_agent.engine.delta import DELTA_KEY
 from fleetshift_agent.engine.state import RestoreReport, capture_state
 from fleetshift_agent.snapshot import open_snapshot
 from fleetshift_agent.worker.feeds import Feed, Feeds
@@ -295,6 +296,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         exp = await asyncio.to_thread(SessionExport.from_bytes, request.blob)
         if request.delta_for:
             return await self._apply_delta(request, exp)
+        if DELTA_KEY in exp.description:
+            raise InvalidArgument(
+                "blob is a delta: apply it to a staged session (delta_for)", field="delta_for"
+            )
         sid = str(exp.description.get("session_id", ""))
         if request.staged:
             held = await self.runner.call(
