@@ -40,6 +40,9 @@ import grpc
 
 from fleetshift.v1 import worker_pb2, worker_pb2_grpc
 
+SMALL_ROUND = 1  # new tokens a pre-copy round may find and still be the last one
+MAX_ROUNDS = 8
+NEW_TOKENS = 480  # more than the moves of one context take, even on a busy machine
 REPO = Path(__file__).resolve().parents[1]
 MSG = 512 << 20
 OPTIONS = [("grpc.max_receive_message_length", MSG), ("grpc.max_send_message_length", MSG)]
@@ -132,8 +135,13 @@ async def stop_and_copy(src: Worker, dst: Worker, sid: str, with_kv: bool = True
 
 
 async def live(src: Worker, dst: Worker, sid: str) -> tuple[int, int, float, float]:
-    """Two pre-copy rounds + final delta; returns (round-1 bytes, final delta bytes, start and
-    end of the pre-copy)."""
+    """Pre-copy rounds while the source decodes, then the final delta.
+
+    Round 1 copies everything; each further round copies what changed during the last one,
+    until a round finds at most ``SMALL_ROUND`` new tokens (the source is decoding steadily
+    again, as Llumnix stops once the remaining delta is small). Returns (round-1 bytes, final
+    delta bytes, start and end of the pre-copy rounds).
+    """
     assert src.stub is not None and dst.stub is not None
     t0 = time.perf_counter()
     pre = await src.stub.ExportSession(
@@ -143,19 +151,21 @@ async def live(src: Worker, dst: Worker, sid: str) -> tuple[int, int, float, flo
         worker_pb2.ImportSessionRequest(blob=pre.blob, staged=True)
     )
     assert staged.staged and staged.kv_restored
-    # Round 2: what changed while round 1 ran (its copy took a while at long contexts).
-    more = await src.stub.ExportSession(
-        worker_pb2.ExportSessionRequest(session_id=sid, with_kv=True, from_token=pre.tokens)
-    )
-    again = await dst.stub.ImportSession(
-        worker_pb2.ImportSessionRequest(blob=more.blob, delta_for=sid, staged=True)
-    )
-    assert again.staged and again.tokens == more.tokens
+    base = pre.tokens
+    for _ in range(MAX_ROUNDS):
+        more = await src.stub.ExportSession(
+            worker_pb2.ExportSessionRequest(session_id=sid, with_kv=True, from_token=base)
+        )
+        again = await dst.stub.ImportSession(
+            worker_pb2.ImportSessionRequest(blob=more.blob, delta_for=sid, staged=True)
+        )
+        assert again.staged and again.tokens == more.tokens
+        grew, base = more.tokens - base, more.tokens
+        if grew <= SMALL_ROUND:
+            break
     t1 = time.perf_counter()
     delta = await src.stub.ExportSession(
-        worker_pb2.ExportSessionRequest(
-            session_id=sid, with_kv=True, release=True, from_token=more.tokens
-        )
+        worker_pb2.ExportSessionRequest(session_id=sid, with_kv=True, release=True, from_token=base)
     )
     imp = await dst.stub.ImportSession(
         worker_pb2.ImportSessionRequest(blob=delta.blob, delta_for=sid)
@@ -179,9 +189,8 @@ class Row:
 async def run_context(a: Worker, b: Worker, n: int, repeats: int, recompute: bool) -> Row:
     sid = f"ctx-{n}"
     prompt = [(i * 7919 + 13) % 8000 for i in range(n)]
-    moves = 2 * repeats + (1 if recompute else 0)
     request = worker_pb2.GenerateRequest(
-        session_id=sid, prompt_tokens=prompt, max_new_tokens=40 + 12 * moves
+        session_id=sid, prompt_tokens=prompt, max_new_tokens=NEW_TOKENS
     )
     client = Client(sid)
     follower = asyncio.create_task(client.follow(a, request))
@@ -213,8 +222,9 @@ async def run_context(a: Worker, b: Worker, n: int, repeats: int, recompute: boo
             row.recompute_ms = pause_ms
         here, there = there, here
     assert here.stub is not None
-    await here.stub.CancelSession(worker_pb2.CancelSessionRequest(session_id=sid))
-    follower.cancel()
+    follower.cancel()  # the client leaves: the worker ends the session and frees its KV
+    while sid in (await here.stub.GetInfo(worker_pb2.GetWorkerInfoRequest())).session_ids:
+        await asyncio.sleep(0.01)
     return row
 
 
@@ -250,7 +260,7 @@ def report(rows: list[Row], recompute_ms: float) -> None:
 async def main_async(args: argparse.Namespace) -> None:
     contexts = [int(c) for c in args.contexts.split(",")]
     longest = max(contexts)
-    extra = 40 + 12 * (2 * args.repeats + 1)
+    extra = NEW_TOKENS
     with tempfile.TemporaryDirectory(prefix="session-pause-") as tmp:
         root = Path(tmp)
         make_model(root / "model", longest + extra + 16)
