@@ -84,22 +84,28 @@ class StepFailed(Exception):
 
 @dataclass
 class Clients:
-    """gRPC channels to agents and workers, one per address, reused across steps."""
+    """gRPC channels to agents and workers, one per address, reused across steps.
+
+    Worker channels take much larger messages than the daemon's own API: an exported session
+    carries its KV cache (tens of KB per token), so one long session is easily 100 MB."""
 
     max_message_bytes: int
     credentials: grpc.ChannelCredentials | None = None
+    session_blob_bytes: int = 1 << 30
     _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
 
-    def _channel(self, address: str) -> grpc.aio.Channel:
+    def _channel(self, address: str, limit: int | None = None) -> grpc.aio.Channel:
         if address not in self._channels:
-            self._channels[address] = channel(address, self.max_message_bytes, self.credentials)
+            self._channels[address] = channel(
+                address, limit or self.max_message_bytes, self.credentials
+            )
         return self._channels[address]
 
     def agent(self, address: str) -> agent_pb2_grpc.AgentServiceStub:
         return agent_pb2_grpc.AgentServiceStub(self._channel(address))
 
     def worker(self, endpoint: str) -> worker_pb2_grpc.WorkerServiceStub:
-        return worker_pb2_grpc.WorkerServiceStub(self._channel(endpoint))
+        return worker_pb2_grpc.WorkerServiceStub(self._channel(endpoint, self.session_blob_bytes))
 
     async def close(self) -> None:
         for ch in self._channels.values():
