@@ -42,6 +42,7 @@ from fleetshift.v1 import worker_pb2, worker_pb2_grpc
 
 SMALL_ROUND = 1  # new tokens a pre-copy round may find and still be the last one
 MAX_ROUNDS = 8
+STOPPED: list[float] = []  # per live move: release ExportSession sent -> delta imported
 NEW_TOKENS = 480  # more than the moves of one context take, even on a busy machine
 REPO = Path(__file__).resolve().parents[1]
 MSG = 512 << 20
@@ -134,7 +135,9 @@ async def stop_and_copy(src: Worker, dst: Worker, sid: str, with_kv: bool = True
     return len(exp.blob)
 
 
-async def live(src: Worker, dst: Worker, sid: str) -> tuple[int, int, float, float]:
+async def live(
+    src: Worker, dst: Worker, sid: str, settle_s: float = 0.0
+) -> tuple[int, int, float, float]:
     """Pre-copy rounds while the source decodes, then the final delta.
 
     Round 1 copies everything; each further round copies what changed during the last one,
@@ -151,6 +154,7 @@ async def live(src: Worker, dst: Worker, sid: str) -> tuple[int, int, float, flo
         worker_pb2.ImportSessionRequest(blob=pre.blob, staged=True)
     )
     assert staged.staged and staged.kv_restored
+    await asyncio.sleep(settle_s)  # optional: let both workers digest the big copy first
     base = pre.tokens
     for _ in range(MAX_ROUNDS):
         more = await src.stub.ExportSession(
@@ -171,6 +175,7 @@ async def live(src: Worker, dst: Worker, sid: str) -> tuple[int, int, float, flo
         worker_pb2.ImportSessionRequest(blob=delta.blob, delta_for=sid)
     )
     assert imp.kv_restored and not imp.staged, imp.kv_note
+    STOPPED.append(time.perf_counter() - t1)
     return len(pre.blob), len(delta.blob), t0, t1
 
 
@@ -184,9 +189,13 @@ class Row:
     delta_kb: float = 0.0
     precopy_gap_ms: list[float] = field(default_factory=list)
     recompute_ms: float = 0.0
+    stopped_ms: list[float] = field(default_factory=list)
+    engine_ms: float = 0.0  # in-process: release + delta + apply, no RPC
 
 
-async def run_context(a: Worker, b: Worker, n: int, repeats: int, recompute: bool) -> Row:
+async def run_context(
+    a: Worker, b: Worker, n: int, repeats: int, recompute: bool, settle_s: float
+) -> Row:
     sid = f"ctx-{n}"
     prompt = [(i * 7919 + 13) % 8000 for i in range(n)]
     request = worker_pb2.GenerateRequest(
@@ -204,9 +213,10 @@ async def run_context(a: Worker, b: Worker, n: int, repeats: int, recompute: boo
         await client.wait_tokens(len(client.times) + 3)  # decoding again after the last move
         before = len(client.pauses)
         if kind == "live":
-            _, delta_bytes, t0, t1 = await live(here, there, sid)
+            _, delta_bytes, t0, t1 = await live(here, there, sid, settle_s)
             row.delta_kb = delta_bytes / 1e3
             row.precopy_gap_ms.append(client.max_gap(t0, t1) * 1e3)
+            row.stopped_ms.append(STOPPED[-1] * 1e3)
         else:
             size = await stop_and_copy(here, there, sid, with_kv=kind == "copy")
             row.full_mb = size / 1e6 if kind == "copy" else row.full_mb
@@ -230,18 +240,22 @@ async def run_context(a: Worker, b: Worker, n: int, repeats: int, recompute: boo
 
 def report(rows: list[Row], recompute_ms: float) -> None:
     print(f"{'context':>8} {'TBT ms':>7} {'(a) stop-and-copy ms':>21} {'(b) live ms':>12} "
-          f"{'(b) - TBT ms':>13} {'full MB':>8} {'delta kB':>9} {'pre-copy gap ms':>16}")  # fmt: skip
+          f"{'(b) - TBT ms':>13} {'(b) stopped ms':>15} {'engine ms':>10} {'full MB':>8} "
+          f"{'delta kB':>9} {'pre-copy gap ms':>16}")  # fmt: skip
     for r in rows:
         live = statistics.median(r.live_ms)
         print(
             f"{r.context:>8} {r.tbt_ms:>7.1f} {statistics.median(r.copy_ms):>21.1f} "
-            f"{live:>12.1f} {live - r.tbt_ms:>13.1f} {r.full_mb:>8.1f} {r.delta_kb:>9.1f} "
+            f"{live:>12.1f} {live - r.tbt_ms:>13.1f} {statistics.median(r.stopped_ms):>15.1f} "
+            f"{r.engine_ms:>10.2f} {r.full_mb:>8.1f} {r.delta_kb:>9.1f} "
             f"{max(r.precopy_gap_ms):>16.1f}"
         )
     print(
         "(medians of the repeats; TBT: median gap between tokens before the moves; (b) - TBT: "
-        "what the move adds to a normal token gap; pre-copy gap: the longest gap between "
-        "tokens while the pre-copy rounds ran)"
+        "what the move adds to a normal token gap; stopped: release ExportSession sent -> "
+        "delta ImportSession returned, as the mover sees it; engine: the same in one process "
+        "without RPC (export delta + release + bytes + apply); pre-copy gap: the longest gap "
+        "between tokens while the pre-copy rounds ran)"
     )
     first, last = rows[0], rows[-1]
     live_first, live_last = statistics.median(first.live_ms), statistics.median(last.live_ms)
@@ -255,6 +269,29 @@ def report(rows: list[Row], recompute_ms: float) -> None:
     print(f"(a) / (b) pause at {last.context}: {statistics.median(last.copy_ms) / live_last:.1f}x")
     print("all pauses ms:", {r.context: {"a": [round(x, 1) for x in r.copy_ms],
                                          "b": [round(x, 1) for x in r.live_ms]} for r in rows})  # fmt: skip
+
+
+def engine_stop_ms(model: Path, n: int) -> float:
+    """The engine's own share of the stop: export the delta, release, carry bytes, apply."""
+    import torch
+
+    from fleetshift_agent.engine import EngineConfig, SamplingParams, SessionExport
+    from fleetshift_agent.engine.factory import engine_from_dir
+
+    torch.set_num_threads(1)
+    cfg = EngineConfig(num_blocks=n // 16 + 64, compile=False, max_step_tokens=512)
+    src, dst = engine_from_dir(model, cfg), engine_from_dir(model, cfg)
+    src.add_session("s", [(i * 7919 + 13) % 8000 for i in range(n)], 40, SamplingParams())
+    while len(src.get("s").generated) < 2:
+        src.step()
+    pre = src.export_session("s", with_kv=True)
+    dst.import_session(SessionExport.from_bytes(pre.to_bytes()), staged=True)
+    src.step()
+    t = time.perf_counter()
+    delta = src.export_session("s", with_kv=True, from_token=len(pre.description["tokens"]))
+    src.cancel("s")
+    dst.apply_delta("s", SessionExport.from_bytes(delta.to_bytes()))
+    return (time.perf_counter() - t) * 1e3
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -274,8 +311,11 @@ async def main_async(args: argparse.Namespace) -> None:
             recompute_ms = 0.0
             for n in contexts:
                 t = time.perf_counter()
-                row = await run_context(*workers, n, args.repeats, recompute=n == longest)
+                row = await run_context(
+                    *workers, n, args.repeats, recompute=n == longest, settle_s=args.settle_ms / 1e3
+                )
                 recompute_ms = row.recompute_ms or recompute_ms
+                row.engine_ms = await asyncio.to_thread(engine_stop_ms, root / "model", n)
                 rows.append(row)
                 print(f"context {n}: done in {time.perf_counter() - t:.1f} s", flush=True)
             report(rows, recompute_ms)
@@ -291,6 +331,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--contexts", default="256,1024,4096,8192")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--settle-ms",
+        type=float,
+        default=0.0,
+        help="wait this long after the first pre-copy round before the delta rounds",
+    )
     asyncio.run(main_async(p.parse_args()))
 
 
