@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -37,6 +38,7 @@ def agent_config(daemon_port: int, name: str = "node-x", **kw: object) -> AgentC
         gpus=H200,
         reconnect_initial_s=0.05,
         reconnect_max_s=0.2,
+        state_dir=tempfile.mkdtemp(prefix="fleetshift-agent-test-"),
         **kw,  # type: ignore[arg-type]
     )
 
