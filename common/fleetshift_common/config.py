@@ -132,19 +132,12 @@ class PlannerSettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class DaemonConfig:
-    listen: str = "127.0.0.1:50051"
-    state_dir: str = "/var/lib/fleetshift"
-    database_url: str = ""  # empty: SQLite file under state_dir
-    heartbeat_interval_s: float = 2.0
-    node_lost_after_s: float = 10.0
-    liveness_check_interval_s: float = 1.0
+class ProcessKeys:
+    """Keys every FleetShift process has: message limits, logging, security, metrics."""
+
     max_message_bytes: int = 4 * MiB
     port_file: str = ""  # when set, the bound port is written here (tests, local fleets)
     log_format: str = "auto"  # auto | json | text
-    models: tuple[ModelConfig, ...] = ()
-    planner: PlannerSettings = PlannerSettings()
-    gpu_prices: tuple[GpuPrice, ...] = ()
     # Security (docs/security.md): mTLS when all three TLS files are set, else loopback only.
     tls_cert: str = ""
     tls_key: str = ""
@@ -154,6 +147,27 @@ class DaemonConfig:
     rate_limit_burst: int = 100
     rate_limit_max_clients: int = 10_000
     metrics_listen: str = ""  # host:port of the Prometheus endpoint; empty: none
+
+    def _check_process_keys(self) -> None:
+        _check_positive("max_message_bytes", self.max_message_bytes)
+        _check_optional_addresses(self, ("metrics_listen",))
+        if self.log_format not in ("auto", "json", "text"):
+            raise ConfigError(
+                "config key 'log_format' must be auto, json or text", field="log_format"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class DaemonConfig(ProcessKeys):
+    listen: str = "127.0.0.1:50051"
+    state_dir: str = "/var/lib/fleetshift"
+    database_url: str = ""  # empty: SQLite file under state_dir
+    heartbeat_interval_s: float = 2.0
+    node_lost_after_s: float = 10.0
+    liveness_check_interval_s: float = 1.0
+    models: tuple[ModelConfig, ...] = ()
+    planner: PlannerSettings = PlannerSettings()
+    gpu_prices: tuple[GpuPrice, ...] = ()
     operator_listen: str = ""  # TLS-only port for operators with bearer tokens
     operator_tokens_file: str = ""
 
@@ -167,12 +181,8 @@ class DaemonConfig:
                 f"({self.node_lost_after_s} <= {self.heartbeat_interval_s})",
                 field="node_lost_after_s",
             )
-        _check_positive("max_message_bytes", self.max_message_bytes)
-        _check_optional_addresses(self, ("metrics_listen", "operator_listen"))
-        if self.log_format not in ("auto", "json", "text"):
-            raise ConfigError(
-                "config key 'log_format' must be auto, json or text", field="log_format"
-            )
+        self._check_process_keys()
+        _check_optional_addresses(self, ("operator_listen",))
 
     @property
     def effective_database_url(self) -> str:
@@ -180,7 +190,7 @@ class DaemonConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class AgentConfig:
+class AgentConfig(ProcessKeys):
     node_name: str = dataclasses.field(default_factory=socket.gethostname)
     listen: str = "127.0.0.1:50052"
     advertise_address: str = ""  # what the daemon dials; empty: the bound listen address
@@ -190,9 +200,6 @@ class AgentConfig:
     gpus: tuple[DeclaredGpu, ...] = ()
     reconnect_initial_s: float = 0.2
     reconnect_max_s: float = 5.0
-    max_message_bytes: int = 4 * MiB
-    port_file: str = ""
-    log_format: str = "auto"
     # Workers (the reference engine) this agent starts on the daemon's command.
     worker_compile: bool = True
     worker_threads: int = 0  # torch threads per worker; 0: torch's default
@@ -205,20 +212,11 @@ class AgentConfig:
     snapshot_keep_last_per_model: int = 0
     snapshot_max_age_s: float = 0.0
     snapshot_max_total_gb: float = 0.0
-    # Security (docs/security.md): mTLS when all three TLS files are set, else loopback only.
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_ca: str = ""
-    read_only_open: bool = False
-    rate_limit_per_s: float = 50.0
-    rate_limit_burst: int = 100
-    rate_limit_max_clients: int = 10_000
-    metrics_listen: str = ""  # host:port of the Prometheus endpoint; empty: none
 
     def __post_init__(self) -> None:
         _check_address("listen", self.listen)
         _check_address("daemon_address", self.daemon_address)
-        _check_optional_addresses(self, ("metrics_listen",))
+        self._check_process_keys()
         if self.advertise_address:
             _check_address("advertise_address", self.advertise_address)
         if self.inventory not in ("auto", "nvml", "declared"):
@@ -229,12 +227,7 @@ class AgentConfig:
             raise ConfigError(
                 "inventory = 'declared' needs at least one [[gpus]] entry", field="gpus"
             )
-        for name in (
-            "reconnect_initial_s",
-            "reconnect_max_s",
-            "max_message_bytes",
-            "worker_start_timeout_s",
-        ):
+        for name in ("reconnect_initial_s", "reconnect_max_s", "worker_start_timeout_s"):
             _check_positive(name, getattr(self, name))
         for name in ("snapshot_keep_last_per_model", "snapshot_max_age_s", "snapshot_max_total_gb"):
             if getattr(self, name) < 0:

@@ -89,7 +89,8 @@ def counters(msg: pb.WorkerCounters, worker_id: str = "") -> WorkerCounters:
     )
 
 
-def _timestamp(ts: float | None) -> Timestamp | None:
+def timestamp(ts: float | None) -> Timestamp | None:
+    """Seconds since the epoch (the core's clock) as a protobuf Timestamp; None stays unset."""
     if ts is None:
         return None
     out = Timestamp()
@@ -112,8 +113,8 @@ def node_pb(node: NodeRecord) -> pb.Node:
             agent=node.versions.agent,
         ),
         gpus=[gpu_pb(g) for g in node.gpus],
-        registered_at=_timestamp(node.registered_at),
-        last_heartbeat_at=_timestamp(node.last_heartbeat_at),
+        registered_at=timestamp(node.registered_at),
+        last_heartbeat_at=timestamp(node.last_heartbeat_at),
     )
 
 

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from fleetshift.v1 import fleet_pb2 as fpb
 from fleetshift.v1 import operations_pb2 as pb
@@ -68,14 +67,6 @@ ROLE_NAMES = {
 }
 
 
-def _ts(value: float | None) -> Timestamp | None:
-    if value is None:
-        return None
-    out = Timestamp()
-    out.FromNanoseconds(int(value * 1e9))
-    return out
-
-
 def step_pb(step: Step) -> pb.OperationStep:
     return pb.OperationStep(
         index=step.index,
@@ -91,8 +82,8 @@ def step_pb(step: Step) -> pb.OperationStep:
         bytes_moved=step.bytes_moved,
         sessions_carried=step.sessions_carried,
         max_session_pause_ms=step.max_session_pause_ms,
-        started_at=_ts(step.started_at),
-        finished_at=_ts(step.finished_at),
+        started_at=convert.timestamp(step.started_at),
+        finished_at=convert.timestamp(step.finished_at),
         error=step.error,
     )
 
@@ -106,8 +97,8 @@ def operation_pb(op: Operation) -> pb.Operation:
         reason=op.reason,
         idempotency_key=op.idempotency_key,
         steps=[step_pb(s) for s in op.steps],
-        created_at=_ts(op.created_at),
-        updated_at=_ts(op.updated_at),
+        created_at=convert.timestamp(op.created_at),
+        updated_at=convert.timestamp(op.updated_at),
         error=op.error,
         cancel_requested=op.cancel_requested,
         bytes_moved=op.bytes_moved,

@@ -11,7 +11,6 @@ import asyncio
 import math
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from fleetshift.v1 import placement_pb2 as pb
 from fleetshift.v1 import placement_pb2_grpc as pb_grpc
@@ -60,15 +59,9 @@ def route_request(msg: pb.RouteRequest) -> RouteRequest:
     )
 
 
-def _timestamp(ts: float) -> Timestamp:
-    out = Timestamp()
-    out.FromNanoseconds(int(ts * 1e9))
-    return out
-
-
 def sample_pb(sample: EfficiencySample) -> pb.EfficiencySample:
     return pb.EfficiencySample(
-        taken_at=_timestamp(sample.taken_at),
+        taken_at=convert.timestamp(sample.taken_at),
         efficiency=sample.efficiency,
         current_goodput_tokens_per_s=sample.current_goodput,
         best_goodput_tokens_per_s=sample.best_goodput,
