@@ -27,6 +27,10 @@ _STATE_TO_PB = {NodeState.READY: pb.NODE_STATE_READY, NodeState.LOST: pb.NODE_ST
 STATE_FROM_PB = {v: k for k, v in _STATE_TO_PB.items()}
 
 
+def node_state_pb(state: NodeState) -> pb.NodeState:
+    return _STATE_TO_PB[state]  # type: ignore[return-value]
+
+
 def registration(msg: pb.RegisterNodeRequest) -> Registration:
     source = (
         InventorySource.DECLARED

@@ -71,7 +71,7 @@ class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
             self._placement.observe_heartbeat(node)
         if self._metrics is not None and previous is not None and node.last_heartbeat_at:
             self._metrics.observe_heartbeat(node.last_heartbeat_at - previous)
-        return pb.HeartbeatResponse(state=convert.node_pb(node).state, cordoned=node.cordoned)
+        return pb.HeartbeatResponse(state=convert.node_state_pb(node.state), cordoned=node.cordoned)
 
 
 class FleetOperatorServicer(pb_grpc.FleetOperatorServicer):

@@ -109,12 +109,16 @@ class WorkerTable:
         self._store = store
         self._clock = clock
         self._workers: dict[str, WorkerRecord] = {}
+        self._by_node: dict[str, set[str]] = {}  # heartbeats reconcile one node in O(its workers)
         self._lock = threading.RLock()
         self._listeners: list[Callable[[], None]] = []
 
     def load(self) -> None:
         with self._lock:
-            self._workers = {w.id: w for w in self._store.load_workers()}
+            self._workers = {}
+            self._by_node = {}
+            for worker in self._store.load_workers():
+                self._put(worker)
         self._changed()
 
     def on_change(self, listener: Callable[[], None]) -> None:
@@ -124,6 +128,13 @@ class WorkerTable:
     def _changed(self) -> None:
         for listener in self._listeners:
             listener()
+
+    def _put(self, worker: WorkerRecord) -> None:
+        old = self._workers.get(worker.id)
+        if old is not None and old.node != worker.node:
+            self._by_node.get(old.node, set()).discard(worker.id)
+        self._workers[worker.id] = worker
+        self._by_node.setdefault(worker.node, set()).add(worker.id)
 
     def get(self, worker_id: str) -> WorkerRecord:
         check_worker_id(worker_id)
@@ -155,7 +166,7 @@ class WorkerTable:
             if worker.id in self._workers and self._workers[worker.id].state.alive:
                 raise AlreadyExists(f"worker {worker.id!r} already exists", field="worker_id")
             self._store.save_worker(worker)
-            self._workers[worker.id] = worker
+            self._put(worker)
         self._changed()
         return worker
 
@@ -163,18 +174,22 @@ class WorkerTable:
         with self._lock:
             worker = dataclasses.replace(self.get(worker_id), **changes)  # type: ignore[arg-type]
             self._store.save_worker(worker)
-            self._workers[worker_id] = worker
+            self._put(worker)
         self._changed()
         return worker
 
     def remove(self, worker_id: str) -> None:
         with self._lock:
             self._store.delete_worker(worker_id)
-            self._workers.pop(worker_id, None)
+            gone = self._workers.pop(worker_id, None)
+            if gone is not None:
+                self._by_node.get(gone.node, set()).discard(worker_id)
         self._changed()
 
     def gpus_in_use(self, node: str) -> set[int]:
-        return {i for w in self.all(node=node) if w.state.alive for i in w.gpu_indices}
+        with self._lock:
+            on_node = [self._workers[i] for i in self._by_node.get(node, ())]
+        return {i for w in on_node if w.state.alive for i in w.gpu_indices}
 
     def reconcile(self, node: str, reports: Sequence[WorkerReport]) -> list[str]:
         """Apply one heartbeat's worker list; returns ids of workers that turned FAILED."""
@@ -184,12 +199,13 @@ class WorkerTable:
             seen = {r.worker_id for r in reports}
             for report in reports:
                 durable_change |= self._apply_report(node, report)
-            for worker in list(self._workers.values()):
-                vanished = worker.node == node and worker.id not in seen
+            for worker_id in list(self._by_node.get(node, ())):
+                worker = self._workers[worker_id]
+                vanished = worker.id not in seen
                 if vanished and worker.state.alive and not worker.operation_id:
                     failed_worker = dataclasses.replace(worker, state=WorkerState.FAILED)
                     self._store.save_worker(failed_worker)
-                    self._workers[worker.id] = failed_worker
+                    self._put(failed_worker)
                     failed.append(worker.id)
         if durable_change or failed:
             self._changed()
@@ -211,7 +227,7 @@ class WorkerTable:
                 sessions=report.sessions,
             )
             self._store.save_worker(adopted)
-            self._workers[adopted.id] = adopted
+            self._put(adopted)
             return True
         if known.node != node:
             raise FailedPrecondition(
@@ -235,7 +251,7 @@ class WorkerTable:
         )
         if durable:
             self._store.save_worker(updated)
-        self._workers[known.id] = updated
+        self._put(updated)
         return durable
 
     def locate_session(self, session_id: str) -> WorkerRecord | None:
