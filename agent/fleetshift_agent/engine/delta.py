@@ -7,7 +7,9 @@ KV of earlier positions never changes (a preempted session recomputes the very s
 the delta is a few blocks whatever the context length, and the pause a client sees is too.
 
 The delta names its base by token count and a digest of the base's tokens, so a delta applied
-to any other staged copy is refused by field before anything changes.
+to any other staged copy is refused by field before anything changes. A staged copy holds KV
+blocks but is not a live session: it is not scheduled, has no client stream, and snapshots
+leave it out (the move it belongs to is not finished).
 """
 
 from __future__ import annotations
