@@ -33,6 +33,8 @@ async def follow_session(
     """Yield the session's tokens in order, re-attaching after each move, until it finishes."""
     locator = operations_pb2_grpc.OperationsStub(daemon)
     session_id, received, first = request.session_id, 0, True
+    loop = asyncio.get_running_loop()
+    lost_since: float | None = None  # a session that stays unreachable this long is lost
     options = [("grpc.max_receive_message_length", max_message_bytes)]
     while True:
         call_request = (
@@ -47,6 +49,7 @@ async def follow_session(
                 async for msg in worker_pb2_grpc.WorkerServiceStub(ch).Generate(call_request):
                     first = False
                     session_id = msg.session_id
+                    lost_since = None
                     if msg.index < received:
                         continue  # replayed by the new worker: already delivered
                     received = msg.index + 1
@@ -67,8 +70,11 @@ async def follow_session(
 async def _locate(
     locator: operations_pb2_grpc.OperationsStub, session_id: str, old: str, timeout_s: float
 ) -> str:
-    """The session's new endpoint (the daemon learns it at the switch, or from heartbeats)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
+    """Where the session lives now. The same endpoint again is a valid answer after a short
+    wait: a target can refuse a re-attach for a moment (the session not yet imported there),
+    and a registry can lag a switch by a heartbeat."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
     while True:
         try:
             where = await locator.LocateSession(
@@ -76,9 +82,12 @@ async def _locate(
             )
             if where.endpoint and where.endpoint != old:
                 return where.endpoint
+            if where.endpoint:
+                await asyncio.sleep(0.05)
+                return where.endpoint
         except grpc.aio.AioRpcError as err:
             if err.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
                 raise
-        if asyncio.get_running_loop().time() > deadline:
+        if loop.time() > deadline:
             raise SessionLost(f"session {session_id!r} did not reappear within {timeout_s}s")
         await asyncio.sleep(0.05)

@@ -24,7 +24,8 @@ TOKENS = 700
 
 async def start_worker(ops: pb_grpc.OperationsStub, node: str) -> fpb.WorkerStatus:
     return await ops.StartWorker(
-        pb.StartFleetWorkerRequest(model=MODEL, role=fpb.WORKER_ROLE_MIXED, node_name=node), timeout=180
+        pb.StartFleetWorkerRequest(model=MODEL, role=fpb.WORKER_ROLE_MIXED, node_name=node),
+        timeout=180,
     )
 
 
