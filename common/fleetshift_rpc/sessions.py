@@ -64,6 +64,9 @@ async def follow_session(
             ):
                 raise
             first = False
+        lost_since = lost_since if lost_since is not None else loop.time()
+        if loop.time() - lost_since > relocate_timeout_s:
+            raise SessionLost(f"session {session_id!r} unreachable for {relocate_timeout_s}s")
         endpoint = await _locate(locator, session_id, endpoint, relocate_timeout_s)
 
 
