@@ -248,3 +248,52 @@ async def test_a_staged_copy_can_be_dropped_and_bad_moves_name_their_field(
         assert not_full.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "delta_for" in (not_full.value.details() or "")
         call.cancel()
+
+
+@pytest.mark.slow
+async def test_make_before_break_move_pauses_the_source_only_for_the_deltas(
+    tiny_model: Path, workers: Workers
+) -> None:
+    """The executor's order: pre-copy while decoding, Pause, deltas without release, then
+    cancel at the source once the target holds every session (a rollback would Resume)."""
+    reference = run_all(tiny_model, REQUESTS)
+    source = workers.start("--model-dir", str(tiny_model), "--start-paused")
+    target = workers.start("--model-dir", str(tiny_model))
+    async with source.channel() as src_ch, target.channel() as dst_ch:
+        src, dst = stub(src_ch), stub(dst_ch)
+        calls = {sid: src.Generate(generate_request(sid, req)) for sid, req in REQUESTS.items()}
+        received: dict[str, list[int]] = {sid: [] for sid in REQUESTS}
+        while (await src.GetCounters(worker_pb2.GetWorkerCountersRequest())).live_sessions < 4:
+            await asyncio.sleep(0.02)
+        await src.Resume(worker_pb2.WorkerResumeRequest(steps=1))
+        await _read(calls, received, 1)
+        bases = {}
+        for sid in REQUESTS:
+            pre = await src.ExportSession(
+                worker_pb2.ExportSessionRequest(session_id=sid, with_kv=True)
+            )
+            await dst.ImportSession(worker_pb2.ImportSessionRequest(blob=pre.blob, staged=True))
+            bases[sid] = pre.tokens
+        await src.Resume(worker_pb2.WorkerResumeRequest(steps=6))
+        await _read(calls, received, 6)
+        await src.Pause(worker_pb2.WorkerPauseRequest())
+        for sid in REQUESTS:
+            delta = await src.ExportSession(
+                worker_pb2.ExportSessionRequest(session_id=sid, with_kv=True, from_token=bases[sid])
+            )
+            applied = await dst.ImportSession(
+                worker_pb2.ImportSessionRequest(blob=delta.blob, delta_for=sid)
+            )
+            assert applied.kv_restored and applied.tokens == bases[sid] + 6
+        for sid in REQUESTS:  # the switch: only now does the source let go
+            await src.CancelSession(worker_pb2.CancelSessionRequest(session_id=sid))
+        for sid, call in calls.items():
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                while True:
+                    msg = await call.read()  # type: ignore[attr-defined]
+                    assert msg is not grpc.aio.EOF
+                    received[sid].append(msg.token)
+            assert err.value.code() == grpc.StatusCode.ABORTED
+        for sid in REQUESTS:
+            received[sid] += await resume(dst, sid, received[sid])
+    assert received == reference
