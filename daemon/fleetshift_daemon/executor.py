@@ -13,10 +13,13 @@ every session and the step is completed forward whatever happens. A daemon that 
 applies the same rule to the phase it finds in the log, so every session has exactly one
 worker, and the operation records which way it went.
 
-Sessions move while the source is paused at a step boundary: each is exported (with its KV for
-a warm migrate, as token history for a cold start) and imported at the target, which continues
-generating at once; the source cancels them only after the switch, so its clients' streams end
-with ABORTED "moved" and they re-attach through ``LocateSession`` at the token they reached.
+Sessions move in two stages on a warm migrate: each is copied with its KV to the target as a
+held copy while the source keeps decoding, then the source pauses at a step boundary and only
+the small deltas (new tokens, sampling state, the last KV blocks) follow, so the pause does not
+grow with the context (Llumnix). A cold start carries the token history instead, recomputed at
+the target. Either way the target continues generating at once and the source cancels its
+copies only after the switch, so its clients' streams end with ABORTED "moved" and they
+re-attach through ``LocateSession`` at the token they reached.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ PHASES = (
 SWITCHED = PHASES.index("switched")
 RPC_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 600.0
+PRECOPY_ROUNDS = 8
 
 
 class StepFailed(Exception):
@@ -400,28 +404,36 @@ class Executor:
     async def _copy_sessions(
         self, op_id: str, step: Step, source: WorkerRecord, warm: bool
     ) -> Step:
+        """Pre-copy while the source decodes (warm moves), then pause it only for the deltas.
+
+        The source keeps every session until the switch (nothing is released here), so a
+        failure before it still rolls back to a source that lost nothing."""
         src = self._clients.worker(source.endpoint)
         dst = self._clients.worker(self._workers.get(step.new_worker_id).endpoint)
+        bases: dict[str, int] = {}
+        moved_bytes = 0
+        if warm:  # a cold target recomputes the context anyway: pre-copy would not shorten it
+            bases, moved_bytes = await self._precopy(src, dst)
         paused_at = time.monotonic()
         await src.Pause(worker_pb2.WorkerPauseRequest(), timeout=RPC_TIMEOUT_S)
         step = await self._phase(op_id, step, "source_paused")
         info = await src.GetInfo(worker_pb2.GetWorkerInfoRequest(), timeout=RPC_TIMEOUT_S)
-        moved, moved_bytes = [], 0
-        for session_id in getattr(info, "session_ids", ()):
-            try:
-                exported = await src.ExportSession(
-                    worker_pb2.ExportSessionRequest(
-                        session_id=session_id, with_kv=warm, release=False
-                    ),
-                    timeout=RPC_TIMEOUT_S,
-                )
-            except grpc.aio.AioRpcError as err:
-                if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    continue  # finished meanwhile: nothing to carry
-                raise
-            await dst.ImportSession(
-                worker_pb2.ImportSessionRequest(blob=exported.blob), timeout=RPC_TIMEOUT_S
+        moved = []
+        for session_id in info.session_ids:
+            base = bases.get(session_id)
+            request = worker_pb2.ExportSessionRequest(
+                session_id=session_id, with_kv=warm, release=False, from_token=base or 0
             )
+            try:
+                exported = await src.ExportSession(request, timeout=RPC_TIMEOUT_S)
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                continue  # finished meanwhile: nothing to carry (its held copy dies with it)
+            final = worker_pb2.ImportSessionRequest(blob=exported.blob)
+            if base is not None:
+                final.delta_for = session_id
+            await dst.ImportSession(final, timeout=RPC_TIMEOUT_S)
             moved.append(session_id)
             moved_bytes += len(exported.blob)
         pause_ms = (time.monotonic() - paused_at) * 1000
@@ -434,6 +446,59 @@ class Executor:
             bytes_moved=step.bytes_moved + moved_bytes,
             max_session_pause_ms=pause_ms,
         )
+
+    async def _precopy(
+        self, src: worker_pb2_grpc.WorkerServiceStub, dst: worker_pb2_grpc.WorkerServiceStub
+    ) -> tuple[dict[str, int], int]:
+        """Copy each live session with its KV to the target as a held (staged) copy, then
+        catch up in rounds until a round finds at most one new token (Llumnix-style)."""
+        info = await src.GetInfo(worker_pb2.GetWorkerInfoRequest(), timeout=RPC_TIMEOUT_S)
+        bases: dict[str, int] = {}
+        copied = 0
+        for session_id in info.session_ids:
+            try:
+                pre = await src.ExportSession(
+                    worker_pb2.ExportSessionRequest(session_id=session_id, with_kv=True),
+                    timeout=RPC_TIMEOUT_S,
+                )
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                continue
+            await dst.ImportSession(
+                worker_pb2.ImportSessionRequest(blob=pre.blob, staged=True), timeout=RPC_TIMEOUT_S
+            )
+            bases[session_id] = pre.tokens
+            copied += len(pre.blob)
+        for session_id in list(bases):
+            for _ in range(PRECOPY_ROUNDS):
+                try:
+                    more = await src.ExportSession(
+                        worker_pb2.ExportSessionRequest(
+                            session_id=session_id, with_kv=True, from_token=bases[session_id]
+                        ),
+                        timeout=RPC_TIMEOUT_S,
+                    )
+                except grpc.aio.AioRpcError as err:
+                    if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                        raise
+                    await dst.CancelSession(
+                        worker_pb2.CancelSessionRequest(session_id=session_id),
+                        timeout=RPC_TIMEOUT_S,
+                    )
+                    del bases[session_id]
+                    break
+                await dst.ImportSession(
+                    worker_pb2.ImportSessionRequest(
+                        blob=more.blob, delta_for=session_id, staged=True
+                    ),
+                    timeout=RPC_TIMEOUT_S,
+                )
+                grew, bases[session_id] = more.tokens - bases[session_id], more.tokens
+                copied += len(more.blob)
+                if grew <= 1:
+                    break
+        return bases, copied
 
     async def _switch(self, op_id: str, step: Step, source: WorkerRecord) -> Step:
         target = self._workers.get(step.new_worker_id)
