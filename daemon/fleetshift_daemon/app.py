@@ -99,7 +99,9 @@ class Daemon:
             PlanningSettings(cfg.planner.threshold, cfg.planner.hold_s, cfg.planner.horizon_s),
         )
         self.workers.on_change(self.placement.fleet_changed)
-        self.registry.on_change(self.placement.fleet_changed)
+        # Liveness reaches the router through each heartbeat's health flags; a rebuild of the
+        # index per lost/back node would turn a heartbeat storm into a Route storm.
+        self.registry.on_change(self.placement.fleet_changed, liveness=False)
         self.operations = OperationLog(SqlOperationStore(self.engine), self.clock)
         await asyncio.to_thread(self.operations.load)
         p = cfg.planner

@@ -63,15 +63,17 @@ class Registry:
         self._last_seen: dict[str, float] = {}  # liveness clock, in memory only
         self._unflushed: dict[str, float] = {}  # heartbeat times not yet in the store
         self._lock = threading.RLock()
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners: list[tuple[Callable[[], None], bool]] = []
 
-    def on_change(self, listener: Callable[[], None]) -> None:
-        """Called after a node is registered, cordoned, uncordoned, lost or back."""
-        self._listeners.append(listener)
+    def on_change(self, listener: Callable[[], None], liveness: bool = True) -> None:
+        """Called after a node is registered, cordoned or uncordoned, and (unless
+        ``liveness`` is False) after a node turns lost or comes back."""
+        self._listeners.append((listener, liveness))
 
-    def _changed(self) -> None:
-        for listener in self._listeners:
-            listener()
+    def _changed(self, liveness: bool = False) -> None:
+        for listener, wants_liveness in self._listeners:
+            if wants_liveness or not liveness:
+                listener()
 
     def load(self) -> None:
         """Read the store into the view. Every node gets a full timeout from now before it can
@@ -127,7 +129,7 @@ class Registry:
             self._last_seen[name] = now
             self._unflushed[name] = now
         if came_back:
-            self._changed()
+            self._changed(liveness=True)
         return node
 
     def last_heartbeat(self, name: str) -> float | None:
@@ -180,7 +182,7 @@ class Registry:
                     self._nodes[name] = dataclasses.replace(node, state=NodeState.LOST)
                     turned.append(name)
         if turned:
-            self._changed()
+            self._changed(liveness=True)
         return turned
 
     def _require(self, name: str) -> NodeRecord:
