@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import grpc
