@@ -7,6 +7,8 @@ objects: what it shows is what systemd would run.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -164,8 +166,11 @@ class LocalFleet:
     def kill_agent(self, name: str) -> None:
         _kill(self.agent_procs.pop(name, None), signal.SIGKILL)
 
-    def stop(self) -> None:
-        """SIGTERM everything (graceful stop), SIGKILL what has not exited after a grace."""
+    def stop(self, workers: bool = True) -> None:
+        """SIGTERM everything (graceful stop), SIGKILL what has not exited after a grace.
+
+        Workers outlive their agent by design (an agent restart must not kill them), so a
+        local fleet that is done also ends the workers its agents recorded."""
         procs = [p for p in [*self.agent_procs.values(), self.daemon_proc] if p is not None]
         for proc in procs:
             if proc.poll() is None:
@@ -176,6 +181,17 @@ class LocalFleet:
             except subprocess.TimeoutExpired:
                 _kill(proc, signal.SIGKILL)
         self.agent_procs.clear()
+        if workers:
+            self._end_workers()
+
+    def _end_workers(self) -> None:
+        for record in self.state_dir.glob("agent-*/workers/*.json"):
+            try:
+                pid = int(json.loads(record.read_text())["pid"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)  # each worker leads its own process group
 
 
 def _kill(proc: subprocess.Popen[bytes] | None, sig: int) -> None:
