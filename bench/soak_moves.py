@@ -77,9 +77,14 @@ class Soak:
             request = worker_pb2.GenerateRequest(
                 prompt_tokens=prompt, max_new_tokens=tokens, session_id=sid
             )
-            self.sessions["started"] += 1
             try:
                 workers = await self.workers()
+            except grpc.aio.AioRpcError:  # the daemon is restarting: nothing to route to yet
+                self.sessions["not started (daemon unreachable)"] += 1
+                await asyncio.sleep(0.5)
+                continue
+            self.sessions["started"] += 1
+            try:
                 endpoint = rng.choice(workers).endpoint
                 seen, finished = [], False
                 async with self.daemon() as ch:
