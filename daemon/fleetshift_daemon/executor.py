@@ -165,12 +165,6 @@ class Executor:
     def running(self) -> list[Operation]:
         return [self._ops.get(i) for i, t in self._tasks.items() if not t.done()]
 
-    async def wait(self, op_id: str) -> Operation:
-        task = self._tasks.get(op_id)
-        if task is not None:
-            await asyncio.shield(task)
-        return self._ops.get(op_id)
-
     # -- single workers (the scheduler's and operators' StartWorker / StopWorker) ---------------
     async def start_worker(
         self, spec: WorkerSpec, node: str, gpus: tuple[int, ...], owner: str = "start"

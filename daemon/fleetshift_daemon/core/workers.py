@@ -17,7 +17,7 @@ import dataclasses
 import enum
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -259,6 +259,3 @@ class WorkerTable:
             if worker.state.alive and session_id in worker.sessions:
                 return worker
         return None
-
-    def by_ids(self, ids: Iterable[str]) -> list[WorkerRecord]:
-        return [self._workers[i] for i in ids if i in self._workers]

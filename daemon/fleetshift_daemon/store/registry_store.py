@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from sqlalchemy import Engine, select, update
-from sqlalchemy.orm import Session, selectinload, sessionmaker
+from sqlalchemy.orm import selectinload, sessionmaker
 
 from fleetshift_daemon.core.fleet import (
     GpuInfo,
@@ -68,9 +68,6 @@ class SqlRegistryStore:
                 session.execute(
                     update(NodeRow).where(NodeRow.name == name).values(last_heartbeat_at=_to_dt(ts))
                 )
-
-    def session(self) -> Session:
-        return self._sessions()
 
 
 def _fill(row: NodeRow, node: NodeRecord) -> None:
