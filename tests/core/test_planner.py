@@ -41,7 +41,7 @@ def roles_on(placement: Placement, kind: str) -> Counter[Role]:
 
 
 def test_decode_heavy_traffic_puts_decode_on_the_h200s() -> None:
-    _, sol = solve(h100_h200_fleet(), [ModelDemand(M70, 100.0, 200, 1500)])
+    _, sol = solve(h100_h200_fleet(), [ModelDemand(M70, 5.0, 200, 1500)])
     on_h200 = roles_on(sol.placement, "H200-SXM")
     # every H200 decodes (a mixed worker may also take the little prefill there is)
     assert on_h200[Role.DECODE] > 0 and on_h200[Role.PREFILL] == 0
@@ -50,7 +50,7 @@ def test_decode_heavy_traffic_puts_decode_on_the_h200s() -> None:
 
 
 def test_prefill_heavy_traffic_puts_prefill_on_the_h100s() -> None:
-    _, sol = solve(h100_h200_fleet(), [ModelDemand(M70, 100.0, 6000, 50)])
+    _, sol = solve(h100_h200_fleet(), [ModelDemand(M70, 5.0, 6000, 50)])
     on_h100 = roles_on(sol.placement, "H100-SXM")
     assert on_h100 and set(on_h100) == {Role.PREFILL}
     decoding = [w for w in sol.placement.workers if w.role is not Role.PREFILL]
@@ -74,7 +74,7 @@ def test_a_model_that_does_not_fit_is_not_placed_on_that_kind() -> None:
 
 def test_light_traffic_is_served_whole_on_the_cheapest_capable_gpus() -> None:
     nodes = [NodeCapacity("a100-0", A100_SXM_80GB, 8), NodeCapacity("h100-0", H100_SXM, 8)]
-    _, sol = solve(nodes, [ModelDemand(M70, 0.5, 1000, 200)])
+    _, sol = solve(nodes, [ModelDemand(M70, 0.2, 1000, 200)])
     ev = sol.evaluation
     assert ev.goodput_tokens_per_s == pytest.approx(ev.demand_tokens_per_s)
     assert ev.gpus_used == 2

@@ -100,9 +100,13 @@ class SloTarget:
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    utilisation: float = 0.8  # capacities are derated to this, leaving queueing headroom
+    # Headroom. The defaults were calibrated with the simulator (docs/bench-sim.md, "Planner
+    # headroom"): at 0.8 and a decode step at the full TBT SLO the planner sized fleets that
+    # met its own model and missed the SLO by queueing and prefill stalls the model leaves out.
+    utilisation: float = 0.5  # capacities are derated to this, leaving queueing headroom
     mixed_efficiency: float = 0.85
     prefill_budget_fraction: float = 0.5  # of the TTFT SLO one prefill pass may take
+    decode_slack_fraction: float = 0.2  # of the slack between an unloaded step and TBT SLO
     max_decode_batch: int = 256
     max_prefill_batch: int = 64
     mip_rel_gap: float = 1e-2  # of (unserved demand + weighted cost), see _Lp._run
@@ -113,7 +117,12 @@ class PlannerConfig:
     integer_margin: int = 2  # the MILP searches each count within LP value -/+ this
 
     def __post_init__(self) -> None:
-        for name in ("utilisation", "mixed_efficiency", "prefill_budget_fraction"):
+        for name in (
+            "utilisation",
+            "mixed_efficiency",
+            "prefill_budget_fraction",
+            "decode_slack_fraction",
+        ):
             if not 0 < getattr(self, name) <= 1:
                 raise InvalidArgument(f"{name} must be in (0, 1]", field=name)
 
@@ -292,7 +301,14 @@ class Planner:
         if role is not Role.PREFILL:
             ctx = prompt + out / 2.0
             per_seq = co.d_seq + co.d_ctx * ctx
-            b_slo = math.floor((slo.tbt_ms / 1e3 / cd - co.d0) / per_seq)
+            # a step may take the unloaded step time plus this fraction of the slack up to the
+            # SLO; the rest absorbs prefill passes in between and queueing
+            unloaded = co.decode_s(1, ctx)
+            slack = slo.tbt_ms / 1e3 / cd - unloaded
+            if slack < 0:
+                return None
+            step_budget = unloaded + cfg.decode_slack_fraction * slack
+            b_slo = max(1, math.floor((step_budget - co.d0) / per_seq))
             b_kv = math.floor(co.kv_capacity_tokens / (prompt + out))
             batch = min(b_slo, b_kv, cfg.max_decode_batch)
             if batch < 1:
