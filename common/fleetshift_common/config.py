@@ -115,7 +115,7 @@ class ModelConfig:
 @dataclasses.dataclass(frozen=True)
 class PlannerSettings:
     interval_s: float = 30.0  # how often the efficiency figure is recomputed
-    threshold: float = 0.9  # efficiency under this is a gap worth closing
+    threshold: float = 0.95  # efficiency under this is a gap worth closing
     hold_s: float = 300.0  # ... once it has stayed under the threshold this long
     horizon_s: float = 3600.0  # the gain must beat the cost of moving over this horizon
     automatic: bool = False  # execute proposed plans without an operator

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.core.gpus import A100_SXM_80GB, H100_SXM, H200_SXM
 from fleetshift_daemon.core.perfmodel import Deployment, Dtype, PerfModel, llama2_70b
 from fleetshift_daemon.core.planner import (
@@ -120,7 +121,7 @@ def test_moving_to_another_gpu_model_is_a_cold_start_that_recomputes_kv() -> Non
         NodeCapacity("a100-0", A100_SXM_80GB, 8, cordoned=True),
         NodeCapacity("h200-0", H200_SXM, 8),
     ]
-    inp = planning_input(nodes, MODELS, [ModelDemand(M70, 2.0, 500, 300)])
+    inp = planning_input(nodes, MODELS, [ModelDemand(M70, 0.5, 500, 300)])
     current = Placement(
         (PlacedWorker(M70, Role.MIXED, "A100-SXM-80GB", 4, Dtype.BF16, "a100-0", "w1", 7, 20_000),)
     )
@@ -176,17 +177,38 @@ def test_hysteresis_holds_back_a_transient_gap() -> None:
     clock = Clock()
     h = Hysteresis(clock, HysteresisConfig(threshold=0.1, hold_s=300, horizon_s=3600))
     good = plan_with(gain=500.0, cost=10_000.0)
-    assert not h.observe(0.7, good).propose  # gap opens
-    clock.t = 200
-    assert not h.observe(0.7, good).propose  # not held long enough
-    clock.t = 250
+    # a gap of 0.15 is 1.5x the threshold: it must hold 300 / 1.5 = 200 s
+    assert not h.observe(0.85, good).propose  # gap opens
+    clock.t = 150
+    d = h.observe(0.85, good)
+    assert not d.propose and "holding for 200 s" in d.reason
+    clock.t = 190
     assert not h.observe(0.95, good).propose  # the mix came back: gap closed, timer resets
     clock.t = 400
-    d = h.observe(0.7, good)
+    d = h.observe(0.85, good)
     assert not d.propose and d.gap_since == 400
-    clock.t = 701
-    d = h.observe(0.7, good)
+    clock.t = 601
+    d = h.observe(0.85, good)
     assert d.propose and "beats move cost" in d.reason
+
+
+def test_hysteresis_acts_sooner_on_a_wider_gap_but_not_before_the_floor() -> None:
+    clock = Clock()
+    cfg = HysteresisConfig(threshold=0.1, hold_s=600, min_hold_s=60, horizon_s=3600)
+    assert (
+        cfg.hold_for(0.1) == 600
+        and cfg.hold_for(0.2) == 300
+        and cfg.hold_for(1.0) == pytest.approx(60.0)
+    )
+    h = Hysteresis(clock, cfg)
+    good = plan_with(gain=500.0, cost=10_000.0)
+    assert not h.observe(0.25, good).propose  # a 75 % gap: 600 * 0.1 / 0.75 = 80 s
+    clock.t = 79
+    assert not h.observe(0.25, good).propose
+    clock.t = 81
+    assert h.observe(0.25, good).propose
+    with pytest.raises(InvalidArgument):
+        HysteresisConfig(min_hold_s=-1)
 
 
 def test_hysteresis_needs_the_gain_to_pay_for_the_moves() -> None:

@@ -65,7 +65,7 @@ class ServedModel:
 
 @dataclass(frozen=True)
 class PlanningSettings:
-    threshold: float = 0.9  # efficiency below this is a gap
+    threshold: float = 0.95  # efficiency below this is a gap
     hold_s: float = 300.0
     horizon_s: float = 3600.0
 
@@ -128,7 +128,9 @@ class PlacementService:
             traffic=self.traffic,
         )
         gate = HysteresisConfig(
-            1.0 - self.settings.threshold, self.settings.hold_s, self.settings.horizon_s
+            threshold=1.0 - self.settings.threshold,
+            hold_s=self.settings.hold_s,
+            horizon_s=self.settings.horizon_s,
         )
         self.hysteresis = Hysteresis(clock, gate)
         self._planner = Planner(self.perf)

@@ -325,8 +325,12 @@ def _with_gain(m: Move, gain: float) -> Move:
 
 @dataclass(frozen=True)
 class HysteresisConfig:
-    threshold: float = 0.1  # efficiency gap (1 - efficiency) that counts as wrong
-    hold_s: float = 600.0  # the gap must last this long without a break
+    threshold: float = 0.05  # efficiency gap (1 - efficiency) that counts as wrong
+    # A gap just past the threshold must last hold_s without a break; a wider one proportionally
+    # less (4x the threshold holds hold_s / 4), never under min_hold_s (capped at hold_s): what
+    # waiting costs grows with the gap, what a transient costs (moves undone later) does not.
+    hold_s: float = 300.0
+    min_hold_s: float = 60.0
     horizon_s: float = 3600.0  # gain is counted over this horizon against the move cost
 
     def __post_init__(self) -> None:
@@ -334,6 +338,15 @@ class HysteresisConfig:
             raise InvalidArgument("threshold must be in [0, 1)", field="threshold")
         if self.hold_s < 0 or self.horizon_s <= 0:
             raise InvalidArgument("hold_s >= 0 and horizon_s > 0 required", field="hold_s")
+        if not (math.isfinite(self.min_hold_s) and self.min_hold_s >= 0):
+            raise InvalidArgument("min_hold_s must be >= 0", field="min_hold_s")
+
+    def hold_for(self, gap: float) -> float:
+        """How long a gap of this size must persist before a plan may be proposed."""
+        if gap <= 0 or self.threshold <= 0:
+            return self.hold_s
+        floor = min(self.min_hold_s, self.hold_s)
+        return max(floor, min(self.hold_s, self.hold_s * self.threshold / gap))
 
 
 @dataclass(frozen=True)
@@ -364,13 +377,13 @@ class Hysteresis:
             )
         if self._since is None:
             self._since = now
-        held = now - self._since
-        if held < cfg.hold_s:
+        held, hold = now - self._since, cfg.hold_for(gap)
+        if held < hold:
             return HysteresisDecision(
                 False,
                 gap,
                 self._since,
-                f"gap {gap:.1%} for {held:.0f} s, holding for {cfg.hold_s:.0f} s",
+                f"gap {gap:.1%} for {held:.0f} s, holding for {hold:.0f} s",
             )
         if plan is None:
             return HysteresisDecision(False, gap, self._since, "gap persists; no plan given")
