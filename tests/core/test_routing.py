@@ -77,6 +77,21 @@ def test_load_and_slo_steer_away_from_a_long_queue() -> None:
     assert r.route(RouteRequest(MODEL, 1000, 100)).worker_id == "busy"
 
 
+def test_decode_goes_to_the_smaller_batch_before_either_misses_its_tbt() -> None:
+    # Both decode workers step well within the TBT SLO; the one already carrying a large
+    # batch would slow every session it holds, so the new session joins the idle one.
+    r = router(
+        worker("p", H100_SXM, Role.PREFILL),
+        worker("d-busy", H200_SXM, Role.DECODE, live_sessions=120, kv_used_tokens=150_000),
+        worker("d-idle", H200_SXM, Role.DECODE),
+    )
+    d = r.route(RouteRequest(MODEL, 500, 300, slo=Slo(ttft_ms=2000, tbt_ms=500)))
+    assert d.decode_worker_id == "d-idle"
+    assert d.terms.latency == pytest.approx(1.0)  # no SLO penalty decided it
+    r.update_load("d-idle", queue_tokens=0, kv_used_tokens=300_000, live_sessions=240)
+    assert r.route(RouteRequest(MODEL, 500, 300)).decode_worker_id == "d-busy"
+
+
 def test_preferred_worker_wins_when_it_has_room_and_not_when_full() -> None:
     cap = PerfModel().kv_capacity_tokens(Deployment(llama2_70b(), H100_SXM, 4))
     r = router(worker("h100", H100_SXM), worker("h200", H200_SXM))

@@ -2,10 +2,12 @@
 
 The score multiplies phase fit (how fast this worker's GPU kind runs the phase the request is
 heavy in, relative to the model's best), predicted latency against the SLO (from the
-performance model, with the worker's queue and live batch), load and KV headroom (a long
-context avoids a worker where it would evict others). Nothing is a hard filter: a cordoned or
-unhealthy worker only scores very low, so a request is still answered when the preferred pool
-is full; it goes elsewhere rather than queue.
+performance model, with the worker's queue and live batch), load (queued prompt tokens against
+the TTFT SLO and, for a worker that decodes, its predicted step time against the TBT SLO: under
+the SLO the latency term is flat, and without this a decode pool fills its fastest worker
+first) and KV headroom (a long context avoids a worker where it would evict others). Nothing is
+a hard filter: a cordoned or unhealthy worker only scores very low, so a request is still
+answered when the preferred pool is full; it goes elsewhere rather than queue.
 
 Speed: the daemon answers thousands of Route calls per second against a thousand nodes, so no
 call walks every worker. Workers of a model are grouped into classes (role, GPU kind, TP,
@@ -383,6 +385,8 @@ class Router:
                     * (1.0 + pen * over_d if over_d > 0 else 1.0)
                 )
                 load = 1.0 / (1.0 + wait_per_token * w.queue / ttft_slo)
+                if does_d:  # a bigger batch slows every session on it, SLO or not
+                    load /= 1.0 + tbt / tbt_slo
                 kv = 1.0
                 if does_d:  # >= 20 % free after: 1; full: 0.3; would evict others: 0.05
                     free_after = w.kv_total - w.kv_used - need_kv
