@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fleetshift_daemon.core.perfmodel import Dtype, PerfModel, llama2_70b
+from fleetshift_daemon.core.plans import HysteresisConfig
 from fleetshift_daemon.sim.engine import Instance, Role, Simulator
 from fleetshift_daemon.sim.fleet import NodeGroup, SimFleet
 from fleetshift_daemon.sim.fleetshift import FleetShift
@@ -74,8 +75,15 @@ def test_fleetshift_moves_only_after_the_gap_held_and_pays_the_plans_cost() -> N
     summarize(sim, "fleetshift")  # conservation holds
     assert sim.moves, "the load tripled; the planner's gap must end in a plan"
     first = sim.moves[0]
-    low = [t for t, e in sim.efficiency if e < 0.9]
-    assert low and first.time_s >= low[0] + 600.0  # HysteresisConfig.hold_s
+    gate = HysteresisConfig()
+    low = [(t, 1.0 - e) for t, e in sim.efficiency if e < 1.0 - gate.threshold]
+    assert low and first.time_s >= low[0][0] + gate.min_hold_s  # the gap had to hold
+    # held for as long as the gap at the move asked for, without a break
+    gap_at_move = 1.0 - dict(sim.efficiency)[first.time_s]
+    held_from = first.time_s - gate.hold_for(gap_at_move)
+    assert all(
+        1.0 - e > gate.threshold for t, e in sim.efficiency if held_from <= t <= first.time_s
+    )
     weights = PerfModel().weight_bytes(sim.instances[first.instance].dep)
     assert first.kind == "start"
     assert first.cost_s == pytest.approx(weights / 2e9 + 60.0)  # MoveCostModel defaults

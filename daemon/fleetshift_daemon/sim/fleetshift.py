@@ -10,6 +10,7 @@ on a plan: each move takes its instance out of service for the move's cost.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -271,8 +272,10 @@ class FleetShift(RouterPolicy):
         keep_all: bool = False,
         hysteresis: plans.HysteresisConfig | None = None,
         costs: plans.MoveCostModel | None = None,
+        planner_config: pl.PlannerConfig | None = None,
     ) -> None:
         super().__init__(hindsight_outputs=False, seed=seed)
+        self.planner_config = planner_config
         self.tick_s = tick_s
         self.window_s = window_s
         self.deploy_window_s = deploy_window_s
@@ -287,7 +290,10 @@ class FleetShift(RouterPolicy):
     def setup(self, sim: Simulator) -> None:
         self.traffic = TrafficMonitor(self.clock, TrafficConfig(window_s=self.window_s))
         self.estimator = OutputLengthEstimator()
-        planner = pl.Planner(sim.model, pl.PlannerConfig(max_decode_batch=sim.config.max_batch))
+        config = self.planner_config or pl.PlannerConfig()
+        planner = pl.Planner(
+            sim.model, dataclasses.replace(config, max_decode_batch=sim.config.max_batch)
+        )
         gate = plans.Hysteresis(self.clock, self.hysteresis)
         self.cycle = PlanningCycle(planner, sim.model, gate, self.costs)
         # Deploy time: the planner's best placement for the first window's mix, the same
@@ -344,20 +350,27 @@ def plan_orders(sim: Simulator, plan: plans.Plan) -> list[MoveOrder]:
 
     A new or moved worker's instance is billed and out of service for the move's duration;
     the instance it replaces keeps serving until then and only then stops taking work (it
-    finishes what it holds). A role change in place takes its instance out for the move's
-    duration; stops wait for every start. Sessions of a moved worker are not carried over in
-    the simulation: they finish where they are (a drain, instead of a KV recompute).
+    finishes what it holds). Role changes and stops wait for every start and move, the order
+    the daemon's executor runs a plan's steps in (``MovePlanner.plan_steps``); a role change
+    then takes its instance out for the change's duration. Sessions of a moved worker are not
+    carried over in the simulation: they finish where they are (a drain, not a KV recompute).
     """
     by_id = {worker_id(i): i for i in sim.instances}
     claimed: set[int] = set()
     orders: list[MoveOrder] = []
     last_up = max(
-        (m.duration_s for m in plan.moves if m.kind is not plans.MoveKind.STOP), default=0.0
+        (
+            m.duration_s
+            for m in plan.moves
+            if m.kind not in (plans.MoveKind.STOP, plans.MoveKind.ROLE_CHANGE)
+        ),
+        default=0.0,
     )
     for m in plan.moves:
         src = by_id.get(m.source.worker_id or "") if m.source else None
         if m.kind is plans.MoveKind.ROLE_CHANGE and src is not None and m.target is not None:
-            orders.append((src.idx, _FROM_RT[m.target.role], m.kind.value, m.duration_s, 0.0))
+            # as the daemon orders a plan's steps: new capacity first, role changes after it
+            orders.append((src.idx, _FROM_RT[m.target.role], m.kind.value, m.duration_s, last_up))
             continue
         if m.kind is plans.MoveKind.STOP:
             if src is not None:
