@@ -23,6 +23,7 @@ from rich.table import Table
 
 from fleetshift_daemon.core.perfmodel import Dtype, llama2_70b
 from fleetshift_daemon.sim.fleet import NodeGroup, SimFleet, SloRule
+from fleetshift_daemon.sim.metrics import billed_dollars
 from fleetshift_daemon.sim.runner import run_policies
 from fleetshift_daemon.sim.trace import Trace, load_trace
 
@@ -30,6 +31,7 @@ TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "azur
 A, H, G = "A100-SXM-80GB", "H100-SXM", "H200-SXM"
 SLO = SloRule(6.0, 5.0, reference_gpu=A)
 console = Console(width=200)
+SPLITTING = ("split", "fleetshift", "fleetshift-all")
 
 
 def fleet_of(counts: dict[str, int]) -> SimFleet:
@@ -44,24 +46,30 @@ def family(name: str, n: int) -> dict[str, int]:
     return {first: n // 2, second: n - n // 2}
 
 
-def meets(trace: Trace, counts: dict[str, int], policy: str) -> tuple[bool, float, float]:
-    s = run_policies(fleet_of(counts), trace, [policy])[0].summary
-    return s.meets_p99_slo(), s.ttft_slowdown_p99, s.tbt_slowdown_p99
+def meets(trace: Trace, counts: dict[str, int], policy: str) -> tuple[bool, float, float, float]:
+    """SLO met?, p99 slowdowns, and the $/hour actually billed (FleetShift may switch off)."""
+    result = run_policies(fleet_of(counts), trace, [policy])[0]
+    s = result.summary
+    billed = billed_dollars(result.sim) / (s.makespan_s / 3600.0)
+    return s.meets_p99_slo(), s.ttft_slowdown_p99, s.tbt_slowdown_p99, billed
 
 
-def smallest(trace: Trace, fam: str, policy: str, start: int, limit: int = 40) -> int | None:
+def smallest(
+    trace: Trace, fam: str, policy: str, start: int, limit: int = 40
+) -> tuple[int, float] | None:
     n = start
     while n <= limit:
         counts = family(fam, n)
         if "+" in fam and min(counts.values()) == 0:
             n += 1
             continue
-        ok, t, b = meets(trace, counts, policy)
+        ok, t, b, billed = meets(trace, counts, policy)
         console.print(
-            f"  {policy:14s} {fam:28s} n={n:2d}: p99 x{t:.1f}/x{b:.1f} {'ok' if ok else '-'}"
+            f"  {policy:14s} {fam:28s} n={n:2d}: p99 x{t:.1f}/x{b:.1f} billed ${billed:.1f}/h "
+            f"{'ok' if ok else '-'}"
         )
         if ok:
-            return n
+            return n, billed
         n += 1
     return None
 
@@ -70,14 +78,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--out", type=Path, default=Path("/tmp/fleetshift-capacity.json"))
-    ap.add_argument("--policies", default="rr,ll,split,fleetshift-all")
+    ap.add_argument("--policies", default="rr,ll,split,fleetshift,fleetshift-all")
     args = ap.parse_args()
     base = load_trace(TRACE)
     base = base.window(0.0, args.minutes * 60.0)
     policies = args.policies.split(",")
     families = {
-        p: [A, H, G] + ([f"{H}+{G}", f"{A}+{G}"] if p in ("split", "fleetshift-all") else [])
-        for p in policies
+        p: [A, H, G] + ([f"{H}+{G}", f"{A}+{G}"] if p in SPLITTING else []) for p in policies
     }
     price = {k.name: k.price_per_hour for k in fleet_of({A: 1, H: 1, G: 1}).gpu_kinds()}
     results = []
@@ -88,9 +95,10 @@ def main() -> int:
         for p in policies:
             for fam in families[p]:
                 n0 = start.get((p, fam), 2 if "+" in fam or p == "split" else 1)
-                n = smallest(trace, fam, p, n0)
-                if n is None:
+                found = smallest(trace, fam, p, n0)
+                if found is None:
                     continue
+                n, billed = found
                 start[(p, fam)] = n
                 counts = family(fam, n)
                 cost = sum(8 * price[k] * c for k, c in counts.items())
@@ -102,12 +110,14 @@ def main() -> int:
                         "machines": n,
                         "counts": counts,
                         "usd_per_hour": cost,
+                        "billed_usd_per_hour": billed,
                     }
                 )
     table = Table(
         title=f"Cheapest fleet with P99 TTFT<=6x, TBT<=5x (first {args.minutes:g} min of the trace)"
     )
-    for col in ("rate", "policy", "cheapest fleet", "machines", "$/hour", "vs cheapest rr/ll"):
+    cols = ("rate", "policy", "cheapest fleet", "machines", "$/hour", "billed $/hour", "vs rr/ll")
+    for col in cols:
         table.add_column(col)
     for scale in (1.0, 2.0, 4.0):
         rows = [r for r in results if r["scale"] == scale]
@@ -123,7 +133,13 @@ def main() -> int:
             fleet = " + ".join(f"{c}x {k}" for k, c in r["counts"].items() if c)
             rel = f"{r['usd_per_hour'] / base_cost:.2f}" if base_cost else "-"
             table.add_row(
-                f"x{scale:g}", p, fleet, str(r["machines"]), f"{r['usd_per_hour']:.1f}", rel
+                f"x{scale:g}",
+                p,
+                fleet,
+                str(r["machines"]),
+                f"{r['usd_per_hour']:.1f}",
+                f"{r['billed_usd_per_hour']:.1f}",
+                rel,
             )
     console.print(table)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
