@@ -26,7 +26,12 @@ from rich.console import Console
 
 from fleetshift_daemon.sim.cli import SHIFTS
 from fleetshift_daemon.sim.fleet import standard_fleet
-from fleetshift_daemon.sim.report import draw_plots, print_table, write_outputs
+from fleetshift_daemon.sim.report import (
+    draw_plots,
+    print_table,
+    require_matplotlib,
+    write_outputs,
+)
 from fleetshift_daemon.sim.runner import POLICIES, RunResult, run_policies
 from fleetshift_daemon.sim.trace import load_trace, shifting_mix
 
@@ -102,6 +107,7 @@ def main() -> int:
     ap.add_argument("--skip-oracle", action="store_true")
     ap.add_argument("--scale", type=float, help="skip the search, use this rate scale")
     args = ap.parse_args()
+    require_matplotlib()  # fail now, not after half an hour of runs
     fleet = standard_fleet(tp=8)
     policies = [p for p in POLICIES if not (args.skip_oracle and p == "oracle")]
     report: dict[str, object] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,44 @@ def test_simulate_writes_a_comparison(tmp_path: Path, small_trace: Path) -> None
         rows = list(csv.DictReader(fh))
     assert {r["metric"] for r in rows} == {"ttft", "tbt", "e2e"}
     for name in ("sim-goodput.png", "sim-cdf-ttft.png", "sim-cdf-tbt.png"):
-        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        png = (out / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert len(png) > 10_000, (name, len(png))  # a drawn chart, not an empty canvas
+
+
+def _without_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    # None in sys.modules makes `import matplotlib...` raise ImportError, even if a test
+    # before this one imported it.
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends",
+                 "matplotlib.backends.backend_agg"):  # fmt: skip
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_plots_without_matplotlib_fail_before_the_runs_naming_the_fix(
+    tmp_path: Path,
+    small_trace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _without_matplotlib(monkeypatch)
+    out = tmp_path / "out"
+    rc = main(["--trace", str(small_trace), "--policy", "rr", "--out", str(out)])
+    assert rc == 2
+    msg = capsys.readouterr().out
+    assert "plots need matplotlib" in msg
+    assert "fleetshift[sim]" in msg and "--no-plots" in msg
+    assert not out.exists()  # refused before any run, so nothing half-written
+
+
+def test_no_plots_needs_no_matplotlib(
+    tmp_path: Path, small_trace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _without_matplotlib(monkeypatch)
+    out = tmp_path / "out"
+    rc = main(["--trace", str(small_trace), "--policy", "rr", "--out", str(out), "--no-plots"])
+    assert rc == 0
+    assert (out / "summary.csv").exists()
+    assert not list(out.glob("*.png"))
 
 
 def test_simulate_refuses_a_malformed_trace_naming_the_line(

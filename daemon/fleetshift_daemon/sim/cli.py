@@ -19,11 +19,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from fleetshift_common.errors import FleetShiftError
 from fleetshift_daemon.sim.engine import SimConfig
 from fleetshift_daemon.sim.fleet import load_fleet, standard_fleet
-from fleetshift_daemon.sim.report import print_table, write_outputs
+from fleetshift_daemon.sim.report import print_table, require_matplotlib, write_outputs
 from fleetshift_daemon.sim.runner import RunOptions, policy_names, run_policies
 from fleetshift_daemon.sim.trace import Phase, Shape, Trace, load_trace, shifting_mix
 
@@ -78,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not console.is_terminal:
         console = Console(width=180)  # a log or pipe: keep the table readable
     try:
+        if args.out and not args.no_plots:
+            require_matplotlib()  # fail before the runs, not after them
         fleet = load_fleet(args.fleet) if args.fleet else standard_fleet()
         trace = prepare_trace(args)
         names = policy_names(args.policy)
@@ -95,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             on_done=lambda r: console.print(f"[dim]{r.name}: {r.summary.sim_wall_s:.1f} s[/dim]"),
         )
     except (FleetShiftError, OSError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     title = (
         f"{len(trace)} requests over {trace.duration_s:.0f} s on {fleet.gpu_count()} GPUs "
@@ -113,7 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "requests": len(trace),
             "duration_s": trace.duration_s,
         }
-        for path in write_outputs(args.out, results, meta, plots=not args.no_plots):
+        try:
+            written = write_outputs(args.out, results, meta, plots=not args.no_plots)
+        except (FleetShiftError, OSError) as exc:
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
+            return 2
+        for path in written:
             console.print(f"wrote {path}")
     return 0
 

@@ -5,19 +5,26 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from fleetshift_common.errors import FailedPrecondition
 from fleetshift_daemon.sim.metrics import goodput_series, outcomes
-from fleetshift_daemon.sim.png import Series, line_chart
 from fleetshift_daemon.sim.runner import RunResult
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 CDF_POINTS = 201
+PLOT_SIZE_IN = (9.0, 4.5)
+PLOT_DPI = 110
+NEED_MATPLOTLIB = "plots need matplotlib: pip install 'fleetshift[sim]', or pass --no-plots"
 
 
 def table(results: Sequence[RunResult], title: str = "") -> Table:
@@ -162,57 +169,115 @@ def _latencies(r: RunResult) -> dict[str, np.ndarray]:
     return {"ttft": o.ttft_s[fin], "tbt": o.tbt_s[multi], "e2e": o.e2e_s[fin]}
 
 
+def require_matplotlib() -> None:
+    """Raise FailedPrecondition now, before a long run, if the plots could not be drawn."""
+    _figure_factory()
+
+
+def _figure_factory() -> Callable[[], Figure]:
+    # Imported here, not at the top: matplotlib is the optional ``sim`` extra, and only the
+    # plots need it. Figure + FigureCanvasAgg draw off-screen without pyplot, so no backend is
+    # selected globally and no figure is left registered (open) anywhere.
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise FailedPrecondition(NEED_MATPLOTLIB) from exc
+
+    def new() -> Figure:
+        fig = Figure(figsize=PLOT_SIZE_IN, dpi=PLOT_DPI, layout="constrained")
+        FigureCanvasAgg(fig)
+        return fig
+
+    return new
+
+
+def _axes(fig: Figure, title: str, xlabel: str, ylabel: str) -> Axes:
+    ax = fig.add_subplot()
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="major", alpha=0.3)
+    return ax
+
+
+def _mark_moves(ax: Axes, minutes: Sequence[float]) -> None:
+    if minutes:
+        ax.vlines(
+            minutes, 0, 1, transform=ax.get_xaxis_transform(), colors="0.35", linestyles=":",
+            linewidths=0.8, label="fleetshift moves",
+        )  # fmt: skip
+
+
+def _finish(fig: Figure, ax: Axes, path: Path) -> Path:
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    fig.savefig(path, dpi=PLOT_DPI)
+    fig.clear()
+    return path
+
+
 def draw_plots(out: Path, results: Sequence[RunResult], prefix: str = "sim-") -> list[Path]:
-    paths = []
-    series = []
+    """Goodput and planner efficiency over time, and the TTFT and TBT CDFs, one PNG each.
+
+    Raises FailedPrecondition if matplotlib (the ``sim`` extra) is not installed.
+    """
+    figure = _figure_factory()
+    color = {r.name: f"C{i % 10}" for i, r in enumerate(results)}  # same colour on every chart
     markers: list[float] = []
+    for r in results:
+        if r.name == "fleetshift":
+            markers = sorted({m.time_s / 60.0 for m in r.sim.moves})
+    paths = []
+
+    fig = figure()
+    ax = _axes(fig, "Goodput over time (SLO-met requests/s)", "time (minutes)", "goodput (req/s)")
     for r in results:
         t, g = goodput_series(r.sim, r.sim.config.bucket_s)
         shown = t <= r.sim.trace.duration_s * 1.1  # the drain of a collapsed policy is in CSV
-        series.append(Series(r.name, t[shown] / 60.0, g[shown]))
-        if r.name == "fleetshift":
-            markers = sorted({m.time_s / 60.0 for m in r.sim.moves})
-    p = out / f"{prefix}goodput.png"
-    line_chart(
-        p,
-        "Goodput over time (SLO-met requests/s)",
-        series,
-        "minutes",
-        "req/s",
-        markers,
-        "fleetshift moves",
-    )
-    paths.append(p)
+        ax.plot(t[shown] / 60.0, g[shown], color=color[r.name], linewidth=1.2, label=r.name)
+    ax.set_ylim(bottom=0)
+    _mark_moves(ax, markers)
+    paths.append(_finish(fig, ax, out / f"{prefix}goodput.png"))
+
     eff = [r for r in results if r.sim.efficiency]
     if eff:
-        p = out / f"{prefix}efficiency.png"
-        line_chart(
-            p,
+        fig = figure()
+        ax = _axes(
+            fig,
             "Planner efficiency (predicted goodput now / best)",
-            [
-                Series(
-                    r.name,
-                    [a / 60.0 for a, _ in r.sim.efficiency],
-                    [e for _, e in r.sim.efficiency],
-                )
-                for r in eff
-            ],
-            "minutes",
-            "efficiency",
-            markers,
-            "fleetshift moves",
+            "time (minutes)",
+            "efficiency (fraction of best)",
         )
-        paths.append(p)
+        for r in eff:
+            ax.plot(
+                [a / 60.0 for a, _ in r.sim.efficiency],
+                [e for _, e in r.sim.efficiency],
+                color=color[r.name],
+                linewidth=1.2,
+                label=r.name,
+            )
+        ax.set_ylim(bottom=0)
+        _mark_moves(ax, markers)
+        paths.append(_finish(fig, ax, out / f"{prefix}efficiency.png"))
+
     qs = np.linspace(0, 1, CDF_POINTS)
     for metric, unit, scale in (("ttft", "s", 1.0), ("tbt", "ms", 1e3)):
-        p = out / f"{prefix}cdf-{metric}.png"
-        cdf = []
+        fig = figure()
+        ax = _axes(
+            fig, f"{metric.upper()} CDF per policy", f"{metric.upper()} ({unit}, log scale)",
+            "fraction of requests",
+        )  # fmt: skip
+        drawn = False
         for r in results:
             values = _quantiles(_latencies(r)[metric]) * scale
             keep = np.isfinite(values) & (values > 0)
-            cdf.append(Series(r.name, np.log10(values[keep]), qs[keep]))
+            ax.plot(values[keep], qs[keep], color=color[r.name], linewidth=1.2, label=r.name)
+            drawn = drawn or bool(keep.any())
         # log scale: a collapsed policy (minutes of queueing) and a healthy one (tens of
         # milliseconds) stay readable on one chart
-        line_chart(p, f"{metric.upper()} CDF per policy", cdf, f"log10({unit})", "fraction")
-        paths.append(p)
+        if drawn:
+            ax.set_xscale("log")
+            ax.grid(True, which="minor", axis="x", alpha=0.12)
+        ax.set_ylim(0, 1)
+        paths.append(_finish(fig, ax, out / f"{prefix}cdf-{metric}.png"))
     return paths
