@@ -58,6 +58,7 @@ def smallest(
     trace: Trace, fam: str, policy: str, start: int, limit: int = 40
 ) -> tuple[int, float] | None:
     n = start
+    bills: list[float] = []
     while n <= limit:
         counts = family(fam, n)
         if "+" in fam and min(counts.values()) == 0:
@@ -70,6 +71,11 @@ def smallest(
         )
         if ok:
             return n, billed
+        bills.append(billed)
+        if len(bills) >= 3 and max(bills[-3:]) <= min(bills[-3:]) * 1.02:
+            # a policy that switches instances off left the last machines off: more will not help
+            console.print(f"  {policy:14s} {fam:28s} stops: the extra machines stay off")
+            return None
         n += 1
     return None
 
