@@ -8,6 +8,8 @@ is used here to check that a failed operation rolls back and says so.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,6 +24,8 @@ from fleetshift.v1 import placement_pb2 as ppb
 from fleetshift.v1 import placement_pb2_grpc as ppb_grpc
 from fleetshift_common.config import DaemonConfig, ModelConfig, PlannerSettings
 from fleetshift_daemon.app import Daemon
+from fleetshift_daemon.core.operations import OperationKind, StepKind
+from fleetshift_daemon.core.plans import MoveKind
 
 GiB = 1024**3
 NODES = {
@@ -56,8 +60,10 @@ async def heartbeat(agents: fpb_grpc.AgentRegistryStub, node: str) -> None:
     await agents.Heartbeat(fpb.HeartbeatRequest(node_name=node, workers=statuses))
 
 
-@pytest.fixture
-async def daemon(tmp_path: Path, sqlite_url: str) -> AsyncIterator[Daemon]:
+@contextlib.asynccontextmanager
+async def running_daemon(
+    tmp_path: Path, sqlite_url: str, planner: PlannerSettings
+) -> AsyncIterator[Daemon]:
     config = DaemonConfig(
         listen="127.0.0.1:0",
         state_dir=str(tmp_path),
@@ -69,7 +75,7 @@ async def daemon(tmp_path: Path, sqlite_url: str) -> AsyncIterator[Daemon]:
             ModelConfig(name="llama-70b", preset="llama2-70b", tp_options=(2, 4, 8)),
             ModelConfig(name="llama-guarded", preset="llama2-70b", tp_options=(2,), min_workers=1),
         ),
-        planner=PlannerSettings(interval_s=0),
+        planner=planner,
     )
     app = Daemon(config)
     await app.start()
@@ -99,6 +105,12 @@ async def daemon(tmp_path: Path, sqlite_url: str) -> AsyncIterator[Daemon]:
         finally:
             beats.cancel()
             await app.stop(0.1)
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path, sqlite_url: str) -> AsyncIterator[Daemon]:
+    async with running_daemon(tmp_path, sqlite_url, PlannerSettings(interval_s=0)) as app:
+        yield app
 
 
 @pytest.fixture
@@ -247,3 +259,39 @@ async def test_migrate_between_same_gpu_models_is_warm(daemon: Daemon, ops) -> N
         )
     )
     assert role.steps[0].kind == pb.STEP_KIND_ROLE_CHANGE
+
+
+async def test_a_retirement_that_cannot_drain_rolls_back_and_the_worker_serves_on(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    planner = PlannerSettings(interval_s=0, retire_surplus=True, drain_timeout_s=5)
+    async with (
+        running_daemon(tmp_path, sqlite_url, planner) as app,
+        grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as ch,
+    ):
+        assert app.moves is not None and app.operations is not None and app.executor
+        # With no traffic the plan stops every llama-70b worker; retire_surplus turns that into
+        # retirements, but never of the model's last worker: one of w1 / w2 goes.
+        plan = app.placement.dry_run()
+        stops = [m.source.worker_id for m in plan.moves if m.kind is MoveKind.STOP and m.source]
+        assert sorted(stops) == ["w1", "w2"]
+        retiring = [s for s in app.moves.plan_steps(plan) if s.kind is StepKind.RETIRE]
+        assert [s.worker_id for s in retiring] == [stops[0]]
+        # The retirement asks its worker how many sessions it still serves; this endpoint leads
+        # nowhere, so the step rolls back: the worker is never stopped and serves on.
+        alone = (dataclasses.replace(retiring[0], index=0),)
+        op, _ = app.operations.create(OperationKind.REBALANCE, "test", "retire", alone)
+        app.executor.submit(op)
+        ops = pb_grpc.OperationsStub(ch)
+        async for update in ops.WatchOperation(pb.WatchOperationRequest(operation_id=op.id)):
+            watched = update
+        assert watched.state == pb.OPERATION_STATE_FAILED, watched
+        (step,) = watched.steps
+        assert step.kind == pb.STEP_KIND_RETIRE and step.state == pb.STEP_STATE_ROLLED_BACK
+        assert step.error
+        listed = await ppb_grpc.PlanningStub(ch).ListWorkers(ppb.ListWorkersRequest())
+        assert {w.worker_id: w.state for w in listed.workers} == {
+            "w1": fpb.WORKER_STATE_SERVING,
+            "w2": fpb.WORKER_STATE_SERVING,
+            "g1": fpb.WORKER_STATE_SERVING,
+        }

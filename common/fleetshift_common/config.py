@@ -119,12 +119,16 @@ class PlannerSettings:
     hold_s: float = 300.0  # ... once it has stayed under the threshold this long
     horizon_s: float = 3600.0  # the gain must beat the cost of moving over this horizon
     automatic: bool = False  # execute proposed plans without an operator
+    # Stop the workers a plan no longer wants (drained first, never a model's last one); off,
+    # they keep serving until an operator stops them. Saves money where GPUs bill by the hour.
+    retire_surplus: bool = False
+    drain_timeout_s: float = 600.0  # a retirement rolls back if sessions outlive this
     max_moves_in_flight: int = 2
     max_moves_per_node: int = 1
     max_moves_per_model: int = 1
 
     def __post_init__(self) -> None:
-        for key in ("interval_s", "hold_s", "horizon_s"):
+        for key in ("interval_s", "hold_s", "horizon_s", "drain_timeout_s"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"planner.{key} must be >= 0", field=f"planner.{key}")
         if not 0 < self.threshold <= 1:

@@ -110,6 +110,7 @@ class Daemon:
             self.workers,
             self.placement,
             MoveLimits(p.max_moves_in_flight, p.max_moves_per_node, p.max_moves_per_model),
+            retire_surplus=p.retire_surplus,
         )
         tls = self.security.tls
         self.executor = Executor(
@@ -120,6 +121,7 @@ class Daemon:
             Clients(cfg.max_message_bytes, tls.channel_credentials() if tls else None),
             self.metrics,
             self.clock,
+            drain_timeout_s=p.drain_timeout_s,
         )
         await self._serve()
         self.executor.recover()

@@ -6,7 +6,10 @@ the next action starts:
     planned -> target_reserved -> [snapshot_taken -> snapshot_fetched] -> target_started
             -> source_paused -> sessions_copied -> switched -> source_retired -> done
 
-(the bracketed phases only for a warm migrate to the same GPU model). Until ``switched`` the
+(the bracketed phases only for a warm migrate to the same GPU model). A retirement of a surplus
+worker is ``planned -> draining -> switched -> source_retired -> done``: the router stops
+sending it sessions, the executor waits until it has none, and only then stops it; sessions
+still live at the drain deadline roll the step back and the worker serves on. Until ``switched`` the
 source worker serves, or holds its sessions paused; a failure anywhere before it rolls back:
 the target is stopped, the source resumed, nothing lost. From ``switched`` on the target owns
 every session and the step is completed forward whatever happens. A daemon that restarts
@@ -66,6 +69,7 @@ log = logging.getLogger("fleetshift.daemon.executor")
 
 PHASES = (
     "planned",
+    "draining",  # a retirement: no new sessions, waiting for the live ones to end
     "target_reserved",
     "snapshot_taken",
     "snapshot_fetched",
@@ -128,7 +132,9 @@ class Executor:
         metrics: DaemonMetrics | None = None,
         clock: Callable[[], float] = time.time,
         failpoints: Failpoints | None = None,
+        drain_timeout_s: float = 600.0,
     ) -> None:
+        self._drain_timeout_s = drain_timeout_s
         self._ops = ops
         self._registry = registry
         self._workers = workers
@@ -277,6 +283,8 @@ class Executor:
                 await self._role_change(op_id, step)
             elif step.kind is StepKind.START:
                 await self._start_step(op_id, step)
+            elif step.kind is StepKind.RETIRE:
+                await self._retire(op_id, step)
             else:
                 await self._move(op_id, step)
         except Exception as err:
@@ -310,6 +318,43 @@ class Executor:
             new_worker_id=worker.id,
             finished_at=self._clock(),
         )
+
+    async def _retire(self, op_id: str, step: Step) -> None:
+        """Drain, then stop: the worker takes no new session and is stopped once it has none."""
+        worker = self._workers.get(step.worker_id)
+        if _before(step, "draining"):
+            if worker.state is not WorkerState.SERVING or worker.operation_id:
+                raise FailedPrecondition(
+                    f"worker {worker.id!r} is {worker.state.value}, not serving and free",
+                    field="worker_id",
+                )
+            await asyncio.to_thread(
+                self._workers.update, worker.id, state=WorkerState.DRAINING, operation_id=op_id
+            )
+            step = await self._phase(op_id, step, "draining")
+        if _before(step, "switched"):
+            await self._wait_drained(op_id, worker)
+            step = await self._phase(op_id, step, "switched")
+        await self._finish_forward(op_id, step)
+
+    async def _wait_drained(self, op_id: str, worker: WorkerRecord) -> None:
+        stub = self._clients.worker(worker.endpoint)
+        give_up = time.monotonic() + self._drain_timeout_s
+        while True:
+            counters = await stub.GetCounters(
+                worker_pb2.GetWorkerCountersRequest(), timeout=RPC_TIMEOUT_S
+            )
+            if counters.live_sessions == 0:
+                return
+            if self._ops.get(op_id).cancel_requested:
+                raise FailedPrecondition("cancelled while draining", field="operation")
+            if time.monotonic() > give_up:
+                raise FailedPrecondition(
+                    f"worker {worker.id!r} still serves {counters.live_sessions} sessions after "
+                    f"{self._drain_timeout_s:.0f} s of draining; it serves on",
+                    field="worker_id",
+                )
+            await asyncio.sleep(0.5)
 
     # -- a move, phase by phase ---------------------------------------------------------------
     async def _move(self, op_id: str, step: Step) -> None:

@@ -54,11 +54,13 @@ class MovePlanner:
         workers: WorkerTable,
         placement: PlacementService,
         limits: MoveLimits | None = None,
+        retire_surplus: bool = False,
     ) -> None:
         self._registry = registry
         self._workers = workers
         self._placement = placement
         self.limits = limits or MoveLimits()
+        self.retire_surplus = retire_surplus
 
     def move_step(
         self, req: MoveRequest, index: int = 0, reserved: Iterable[tuple[str, int]] = ()
@@ -190,10 +192,12 @@ class MovePlanner:
         return tuple(steps)
 
     def plan_steps(self, plan: Plan) -> tuple[Step, ...]:
-        """The executable part of a plan: role changes, moves, and new workers. Stops are left
-        out: a worker the plan no longer wants keeps serving until an operator drains it."""
+        """The executable part of a plan: role changes, moves, new workers and, with
+        ``retire_surplus``, retirements of the workers it no longer wants (otherwise they keep
+        serving until an operator drains them)."""
         steps: list[Step] = []
         reserved: list[tuple[str, int]] = []
+        retiring = self._retire_steps(plan) if self.retire_surplus else []
         for move in plan.moves:
             if move.kind is MoveKind.START and move.target is not None:
                 start = self._start_step(move.target, len(steps), reserved)
@@ -217,9 +221,34 @@ class MovePlanner:
             steps.append(step)
         # Make-before-break at the plan's scale too: new capacity first, then moves, then
         # role changes (which take capacity from one phase to give it to the other).
+        # Retirements last: a surplus worker goes only once everything else stands.
         order = {StepKind.START: 0, StepKind.MIGRATE: 1, StepKind.COLD_START: 1}
-        ordered = sorted(steps, key=lambda s: order.get(s.kind, 2))
+        ordered = sorted(steps, key=lambda s: order.get(s.kind, 2)) + retiring
         return tuple(dataclasses.replace(s, index=i) for i, s in enumerate(ordered))
+
+    def _retire_steps(self, plan: Plan) -> list[Step]:
+        """STOP moves as retirements, never taking a model below one serving worker (or its
+        minimum): a model at zero workers could not be routed to, so its demand would never
+        be seen again to bring it back."""
+        serving = Counter(
+            w.spec.model
+            for w in self._workers.alive()
+            if w.state is WorkerState.SERVING and not w.operation_id
+        )
+        out: list[Step] = []
+        for move in plan.moves:
+            if move.kind is not MoveKind.STOP or move.source is None:
+                continue
+            worker = self._workers.find(move.source.worker_id or "")
+            if worker is None or worker.state is not WorkerState.SERVING or worker.operation_id:
+                continue
+            served = self._placement.models.get(worker.spec.model)
+            floor = max(1, served.min_workers if served else 0)
+            if serving[worker.spec.model] - 1 < floor:
+                continue
+            serving[worker.spec.model] -= 1
+            out.append(Step(0, StepKind.RETIRE, worker.id, worker.node, worker.spec.role.value))
+        return out
 
     def _start_step(
         self, target: PlacedWorker, index: int, reserved: Sequence[tuple[str, int]]

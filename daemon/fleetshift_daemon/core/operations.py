@@ -45,6 +45,7 @@ class StepKind(enum.Enum):
     MIGRATE = "migrate"  # same GPU model: snapshot, transfer, warm restore, sessions with KV
     COLD_START = "cold_start"  # other GPU model: fresh start, sessions as token history
     START = "start"  # a new worker where the plan wants one (no source)
+    RETIRE = "retire"  # a surplus worker: drained of new work, stopped once its sessions end
 
 
 class StepState(enum.Enum):

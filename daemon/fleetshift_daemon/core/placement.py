@@ -44,7 +44,7 @@ from fleetshift_daemon.core.routing import (
     WorkerView,
 )
 from fleetshift_daemon.core.traffic import TrafficMonitor, TrafficStats
-from fleetshift_daemon.core.workers import WorkerRecord, WorkerTable
+from fleetshift_daemon.core.workers import WorkerRecord, WorkerState, WorkerTable
 
 KV_BLOCK_TOKENS = 16  # the reference engine's block size; counters report blocks
 
@@ -188,7 +188,7 @@ class PlacementService:
                         else None
                     ),
                     live_sessions=counters.live_sessions if counters else 0,
-                    healthy=node.state is NodeState.READY and w.state.alive,
+                    healthy=node.state is NodeState.READY and _takes_sessions(w),
                     cordoned=node.cordoned,
                 )
             )
@@ -208,7 +208,7 @@ class PlacementService:
                     queue_tokens=counters.queue_depth,
                     kv_used_tokens=counters.kv_blocks_used * KV_BLOCK_TOKENS,
                     live_sessions=counters.live_sessions,
-                    healthy=node.state is NodeState.READY,
+                    healthy=node.state is NodeState.READY and _takes_sessions(worker),
                     cordoned=node.cordoned,
                 )
             except NotFound:
@@ -418,3 +418,8 @@ class PlacementService:
                 continue
             out.append((stats, self.estimator.error(name)))
         return out
+
+
+def _takes_sessions(worker: WorkerRecord) -> bool:
+    """A draining worker (being moved or retired) is routed to only when nothing else can."""
+    return worker.state.alive and worker.state is not WorkerState.DRAINING

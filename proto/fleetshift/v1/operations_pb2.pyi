@@ -34,6 +34,7 @@ class StepKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STEP_KIND_MIGRATE: _ClassVar[StepKind]
     STEP_KIND_COLD_START: _ClassVar[StepKind]
     STEP_KIND_START: _ClassVar[StepKind]
+    STEP_KIND_RETIRE: _ClassVar[StepKind]
 
 class StepState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -58,6 +59,7 @@ STEP_KIND_ROLE_CHANGE: StepKind
 STEP_KIND_MIGRATE: StepKind
 STEP_KIND_COLD_START: StepKind
 STEP_KIND_START: StepKind
+STEP_KIND_RETIRE: StepKind
 STEP_STATE_UNSPECIFIED: StepState
 STEP_STATE_PENDING: StepState
 STEP_STATE_RUNNING: StepState

@@ -1,0 +1,115 @@
+"""Retiring surplus workers (``planner.retire_surplus``), with real processes: when the plan no
+longer wants a worker, the executor stops routing to it, waits until every session it serves
+has streamed to its end, and only then stops it. No session is cut short, and a model keeps at
+least one serving worker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fleetshift.v1 import fleet_pb2 as fpb
+from fleetshift.v1 import operations_pb2 as pb
+from fleetshift.v1 import operations_pb2_grpc as pb_grpc
+from fleetshift.v1 import placement_pb2 as ppb
+from fleetshift.v1 import placement_pb2_grpc as ppb_grpc
+from fleetshift_daemon.localfleet import LocalFleet
+from fleetshift_rpc.sessions import follow_session
+from tests.e2e.conftest import MODEL, NODES, SESSIONS, request
+
+pytestmark = pytest.mark.slow
+TOKENS = 400
+GREEDY = SESSIONS[:2]
+
+
+@pytest.fixture
+def retiring_fleet(tmp_path: Path, model_dir: Path) -> Iterator[LocalFleet]:
+    local = LocalFleet(
+        tmp_path / "fleet",
+        NODES,
+        heartbeat_interval_s=0.3,
+        node_lost_after_s=5.0,
+        daemon_extra=(
+            "[planner]\ninterval_s = 0\nretire_surplus = true\ndrain_timeout_s = 150\n"
+            f'[[models]]\nname = "{MODEL}"\nhf_config = "{model_dir}"\nmodel_dir = "{model_dir}"\n'
+            "tp_options = [1]\n"
+        ),
+        agent_extra="worker_compile = false\nworker_threads = 1\n",
+    )
+    try:
+        local.start(timeout_s=120)
+        yield local
+    finally:
+        local.stop()
+
+
+async def workers_by_state(daemon: grpc.aio.Channel) -> dict[str, int]:
+    listed = await ppb_grpc.PlanningStub(daemon).ListWorkers(ppb.ListWorkersRequest())
+    return {w.worker_id: w.state for w in listed.workers}
+
+
+async def test_rebalance_retires_surplus_workers_only_after_their_sessions_end(
+    retiring_fleet: LocalFleet, reference_tokens
+) -> None:  # type: ignore[no-untyped-def]
+    async with grpc.aio.insecure_channel(retiring_fleet.daemon_address) as daemon:
+        ops = pb_grpc.OperationsStub(daemon)
+        workers = [
+            await ops.StartWorker(
+                pb.StartFleetWorkerRequest(
+                    model=MODEL, role=fpb.WORKER_ROLE_MIXED, node_name=node.name
+                ),
+                timeout=180,
+            )
+            for node in NODES
+        ]
+        ended: dict[str, float] = {}
+        started = asyncio.Event()
+        counts: dict[str, int] = {}
+
+        async def stream(worker: fpb.WorkerStatus, session) -> list[int]:  # type: ignore[no-untyped-def]
+            tokens = []
+            key = f"{worker.worker_id}/{session[0]}"
+            async for msg in follow_session(
+                daemon, worker.endpoint, request(session, TOKENS, f"-{worker.worker_id}")
+            ):
+                tokens.append(msg.token)
+                counts[key] = len(tokens)
+                if len(counts) == 2 * len(workers) and min(counts.values()) >= 10:
+                    started.set()
+            ended[worker.worker_id] = max(ended.get(worker.worker_id, 0.0), time.time())
+            return tokens
+
+        streams = {
+            (w.worker_id, s[0]): asyncio.create_task(stream(w, s)) for w in workers for s in GREEDY
+        }
+        await asyncio.wait_for(started.wait(), 60)
+        # No traffic reaches the router, so the best placement wants no worker at all; the
+        # executor keeps one and retires the rest, each once its sessions have streamed out.
+        op = await ops.Rebalance(pb.RebalanceRequest(reason="e2e retire"), timeout=30)
+        async for update in ops.WatchOperation(pb.WatchOperationRequest(operation_id=op.id)):
+            op = update
+        results = {k: await asyncio.wait_for(t, 180) for k, t in streams.items()}
+
+        assert op.state == pb.OPERATION_STATE_SUCCEEDED, op
+        retired = [s.worker_id for s in op.steps if s.kind == pb.STEP_KIND_RETIRE]
+        assert len(retired) == len(workers) - 1, op
+        assert all(s.phase == "done" for s in op.steps)
+        for (_, sid), tokens in results.items():  # every session streamed to its end, exactly
+            assert tokens == reference_tokens[TOKENS][sid]
+        for step in op.steps:  # and its worker stopped only after that
+            assert step.finished_at.ToNanoseconds() / 1e9 >= ended[step.worker_id]
+        states = await workers_by_state(daemon)
+        assert [w for w, st in states.items() if st == fpb.WORKER_STATE_SERVING] == [
+            w.worker_id for w in workers if w.worker_id not in retired
+        ]
+        assert all(states[w] == fpb.WORKER_STATE_STOPPED for w in retired)
+        # The model's last worker is never retired: another rebalance has nothing to retire.
+        with pytest.raises(grpc.aio.AioRpcError) as nothing:
+            await ops.Rebalance(pb.RebalanceRequest(reason="again"), timeout=30)
+        assert nothing.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "nothing to move" in (nothing.value.details() or "")
