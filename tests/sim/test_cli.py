@@ -137,3 +137,14 @@ def test_fleet_file_that_cannot_hold_the_model_is_refused(tmp_path: Path) -> Non
     with pytest.raises(UnsupportedDeployment) as err:
         load_fleet(path)
     assert "does not fit" in str(err.value)
+
+
+def test_the_example_fleet_file_describes_the_benchmark_fleet_at_tp4() -> None:
+    fleet = load_fleet(Path(__file__).parents[2] / "deploy" / "sim" / "fleet-tp4.toml")
+    assert [(g.gpu, g.count, g.tp) for g in fleet.groups] == [
+        ("A100-SXM-80GB", 4, 4),
+        ("H100-SXM", 4, 4),
+        ("H200-SXM", 4, 4),
+    ]
+    assert len(fleet.instance_slots()) == 24
+    assert fleet.price_per_hour() == pytest.approx(32 * (1.80 + 3.00 + 3.80))
