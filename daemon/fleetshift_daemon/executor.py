@@ -84,6 +84,7 @@ SWITCHED = PHASES.index("switched")
 RPC_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 600.0
 PRECOPY_ROUNDS = 8
+DRAIN_SETTLE_S = 2.0  # a retiring worker must stay idle this long before it is stopped
 
 
 class StepFailed(Exception):
@@ -338,13 +339,21 @@ class Executor:
         await self._finish_forward(op_id, step)
 
     async def _wait_drained(self, op_id: str, worker: WorkerRecord) -> None:
+        """Until the worker has served no session for DRAIN_SETTLE_S: a client routed to it
+        just before it turned DRAINING may still be connecting."""
         stub = self._clients.worker(worker.endpoint)
         give_up = time.monotonic() + self._drain_timeout_s
+        idle_since: float | None = None
         while True:
             counters = await stub.GetCounters(
                 worker_pb2.GetWorkerCountersRequest(), timeout=RPC_TIMEOUT_S
             )
-            if counters.live_sessions == 0:
+            now = time.monotonic()
+            if counters.live_sessions:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = now
+            if idle_since is not None and now - idle_since >= DRAIN_SETTLE_S:
                 return
             if self._ops.get(op_id).cancel_requested:
                 raise FailedPrecondition("cancelled while draining", field="operation")
