@@ -8,8 +8,9 @@ the next action starts:
 
 (the bracketed phases only for a warm migrate to the same GPU model). A retirement of a surplus
 worker is ``planned -> draining -> switched -> source_retired -> done``: the router stops
-sending it sessions, the executor waits until it has none, and only then stops it; sessions
-still live at the drain deadline roll the step back and the worker serves on. Until ``switched`` the
+sending it sessions and the worker refuses new ones, the executor waits until it has none, and
+only then stops it; sessions still live at the drain deadline roll the step back and the worker
+takes sessions again. Until ``switched`` the
 source worker serves, or holds its sessions paused; a failure anywhere before it rolls back:
 the target is stopped, the source resumed, nothing lost. From ``switched`` on the target owns
 every session and the step is completed forward whatever happens. A daemon that restarts
@@ -334,13 +335,16 @@ class Executor:
             )
             step = await self._phase(op_id, step, "draining")
         if _before(step, "switched"):
+            await self._clients.worker(worker.endpoint).SetDraining(
+                worker_pb2.SetWorkerDrainingRequest(draining=True), timeout=RPC_TIMEOUT_S
+            )
             await self._wait_drained(op_id, worker)
             step = await self._phase(op_id, step, "switched")
         await self._finish_forward(op_id, step)
 
     async def _wait_drained(self, op_id: str, worker: WorkerRecord) -> None:
-        """Until the worker has served no session for DRAIN_SETTLE_S: a client routed to it
-        just before it turned DRAINING may still be connecting."""
+        """Until the worker, which now refuses new sessions, has served none for DRAIN_SETTLE_S:
+        a session opened just before it was told to drain may still be starting."""
         stub = self._clients.worker(worker.endpoint)
         give_up = time.monotonic() + self._drain_timeout_s
         idle_since: float | None = None
@@ -615,7 +619,14 @@ class Executor:
                 sessions=(),
             )
         source = self._workers.find(step.worker_id)
+        if step.kind is StepKind.RETIRE and source is not None and source.operation_id != op_id:
+            source = None  # the retirement never took it (it was busy): not ours to restore
         if source is not None:
+            if step.kind is StepKind.RETIRE and source.endpoint:  # take new sessions again
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await self._clients.worker(source.endpoint).SetDraining(
+                        worker_pb2.SetWorkerDrainingRequest(draining=False), timeout=RPC_TIMEOUT_S
+                    )
             if PHASES.index(step.phase) >= PHASES.index("target_started"):
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     await self._clients.worker(source.endpoint).Resume(

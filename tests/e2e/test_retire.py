@@ -18,6 +18,7 @@ from fleetshift.v1 import operations_pb2 as pb
 from fleetshift.v1 import operations_pb2_grpc as pb_grpc
 from fleetshift.v1 import placement_pb2 as ppb
 from fleetshift.v1 import placement_pb2_grpc as ppb_grpc
+from fleetshift.v1 import worker_pb2, worker_pb2_grpc
 from fleetshift_daemon.localfleet import LocalFleet
 from fleetshift_rpc.sessions import follow_session
 from tests.e2e.conftest import MODEL, NODES, SESSIONS, request
@@ -46,6 +47,22 @@ def retiring_fleet(tmp_path: Path, model_dir: Path) -> Iterator[LocalFleet]:
         yield local
     finally:
         local.stop()
+
+
+async def refuses_new_sessions_while_draining(endpoint: str) -> bool:
+    """Once the worker says it is draining, a new session there is refused with UNAVAILABLE."""
+    async with grpc.aio.insecure_channel(endpoint) as ch:
+        worker = worker_pb2_grpc.WorkerServiceStub(ch)
+        deadline = time.monotonic() + 60
+        while not (await worker.GetInfo(worker_pb2.GetWorkerInfoRequest())).draining:
+            assert time.monotonic() < deadline, "the retiring worker was never told to drain"
+            await asyncio.sleep(0.1)
+        try:
+            async for _ in worker.Generate(request(GREEDY[0], 5, "-late")):
+                pass
+        except grpc.aio.AioRpcError as err:
+            return err.code() == grpc.StatusCode.UNAVAILABLE and "draining" in (err.details() or "")
+        return False
 
 
 async def workers_by_state(daemon: grpc.aio.Channel) -> dict[str, int]:
@@ -91,11 +108,15 @@ async def test_rebalance_retires_surplus_workers_only_after_their_sessions_end(
         # No traffic reaches the router, so the best placement wants no worker at all; the
         # executor keeps one and retires the rest, each once its sessions have streamed out.
         op = await ops.Rebalance(pb.RebalanceRequest(reason="e2e retire"), timeout=30)
+        first = next(s.worker_id for s in op.steps if s.kind == pb.STEP_KIND_RETIRE)
+        endpoint = next(w.endpoint for w in workers if w.worker_id == first)
+        refused = await refuses_new_sessions_while_draining(endpoint)
         async for update in ops.WatchOperation(pb.WatchOperationRequest(operation_id=op.id)):
             op = update
         results = {k: await asyncio.wait_for(t, 180) for k, t in streams.items()}
 
         assert op.state == pb.OPERATION_STATE_SUCCEEDED, op
+        assert refused, "a worker being retired must refuse a new session (route again)"
         retired = [s.worker_id for s in op.steps if s.kind == pb.STEP_KIND_RETIRE]
         assert len(retired) == len(workers) - 1, op
         assert all(s.phase == "done" for s in op.steps)

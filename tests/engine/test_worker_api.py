@@ -124,6 +124,46 @@ async def test_info_reports_role_and_compat_key_and_role_can_change(
         assert "role" in err.value.details()
 
 
+async def test_a_draining_worker_refuses_new_sessions_and_finishes_live_ones(
+    worker: WorkerProcess,
+) -> None:
+    async with worker.channel() as ch:
+        s = stub(ch)
+        live = s.Generate(
+            worker_pb2.GenerateRequest(
+                prompt_tokens=[1, 2, 3], max_new_tokens=40, sampling=OK_SAMPLING
+            )
+        )
+        streamed = [await live.read() for _ in range(3)]
+        try:
+            info = await s.SetDraining(worker_pb2.SetWorkerDrainingRequest(draining=True))
+            assert info.draining
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async for _ in s.Generate(
+                    worker_pb2.GenerateRequest(
+                        prompt_tokens=[4], max_new_tokens=2, sampling=OK_SAMPLING
+                    )
+                ):
+                    pass
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "draining" in (refused.value.details() or "")
+            while (msg := await live.read()) is not grpc.aio.EOF:  # the live one streams on
+                streamed.append(msg)
+            assert [m.index for m in streamed] == list(range(40)) and streamed[-1].finished
+        finally:
+            undrained = await s.SetDraining(worker_pb2.SetWorkerDrainingRequest())
+        assert not undrained.draining
+        again = [
+            m
+            async for m in s.Generate(
+                worker_pb2.GenerateRequest(
+                    prompt_tokens=[4], max_new_tokens=2, sampling=OK_SAMPLING
+                )
+            )
+        ]
+        assert len(again) == 2
+
+
 async def test_counters_follow_a_generation(worker: WorkerProcess) -> None:
     async with worker.channel() as ch:
         s = stub(ch)

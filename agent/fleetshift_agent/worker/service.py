@@ -31,7 +31,12 @@ from fleetshift_agent.worker.snapshots import (
     write_engine_snapshot,
 )
 from fleetshift_common.compat import CompatVerdict
-from fleetshift_common.errors import FailedPrecondition, FleetShiftError, InvalidArgument
+from fleetshift_common.errors import (
+    FailedPrecondition,
+    FleetShiftError,
+    InvalidArgument,
+    Unavailable,
+)
 from fleetshift_rpc.errors import rpc_errors, status_for
 from fleetshift_rpc.server import ServiceBinding
 
@@ -49,6 +54,7 @@ class WorkerState:
     worker_id: str
     role: int
     restored_from: str = ""
+    draining: bool = False  # refuse new sessions: the daemon is retiring this worker
     background: set[asyncio.Task[None]] = field(default_factory=set)
 
 
@@ -135,6 +141,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         if request.resume_from_token:
             raise InvalidArgument(
                 "resume_from_token needs resume_session_id", field="resume_from_token"
+            )
+        if self.state.draining:
+            raise Unavailable(
+                "worker is draining (being retired): it takes no new session; route again",
+                field="session_id",
             )
         params = _sampling(request.sampling)
         sid = request.session_id or uuid.uuid4().hex
@@ -402,6 +413,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             restored_from=self.state.restored_from,
             session_ids=self.feeds.live_ids(),
             staged_session_ids=sorted(self._staged),
+            draining=self.state.draining,
         )
 
     @rpc_errors
@@ -417,6 +429,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         if request.role not in ROLES.values():
             raise InvalidArgument(f"role {request.role} is not a worker role", field="role")
         self.state.role = request.role
+        return self.info()
+
+    @rpc_errors
+    async def SetDraining(
+        self, request: worker_pb2.SetWorkerDrainingRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerInfo:
+        self.state.draining = request.draining
         return self.info()
 
 

@@ -90,6 +90,11 @@ class WorkerServiceStub:
                 request_serializer=fleetshift_dot_v1_dot_worker__pb2.SetWorkerRoleRequest.SerializeToString,
                 response_deserializer=fleetshift_dot_v1_dot_worker__pb2.WorkerInfo.FromString,
                 _registered_method=True)
+        self.SetDraining = channel.unary_unary(
+                '/fleetshift.v1.WorkerService/SetDraining',
+                request_serializer=fleetshift_dot_v1_dot_worker__pb2.SetWorkerDrainingRequest.SerializeToString,
+                response_deserializer=fleetshift_dot_v1_dot_worker__pb2.WorkerInfo.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -162,6 +167,12 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetDraining(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -218,6 +229,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
             'SetRole': grpc.unary_unary_rpc_method_handler(
                     servicer.SetRole,
                     request_deserializer=fleetshift_dot_v1_dot_worker__pb2.SetWorkerRoleRequest.FromString,
+                    response_serializer=fleetshift_dot_v1_dot_worker__pb2.WorkerInfo.SerializeToString,
+            ),
+            'SetDraining': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetDraining,
+                    request_deserializer=fleetshift_dot_v1_dot_worker__pb2.SetWorkerDrainingRequest.FromString,
                     response_serializer=fleetshift_dot_v1_dot_worker__pb2.WorkerInfo.SerializeToString,
             ),
     }
@@ -517,6 +533,33 @@ class WorkerService:
             target,
             '/fleetshift.v1.WorkerService/SetRole',
             fleetshift_dot_v1_dot_worker__pb2.SetWorkerRoleRequest.SerializeToString,
+            fleetshift_dot_v1_dot_worker__pb2.WorkerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetDraining(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetshift.v1.WorkerService/SetDraining',
+            fleetshift_dot_v1_dot_worker__pb2.SetWorkerDrainingRequest.SerializeToString,
             fleetshift_dot_v1_dot_worker__pb2.WorkerInfo.FromString,
             options,
             channel_credentials,
