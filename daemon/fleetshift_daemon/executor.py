@@ -619,8 +619,8 @@ class Executor:
                 sessions=(),
             )
         source = self._workers.find(step.worker_id)
-        if step.kind is StepKind.RETIRE and source is not None and source.operation_id != op_id:
-            source = None  # the retirement never took it (it was busy): not ours to restore
+        if source is not None and source.operation_id != op_id:
+            source = None  # the step never took it (a failed check, or another operation's)
         if source is not None:
             if step.kind is StepKind.RETIRE and source.endpoint:  # take new sessions again
                 with contextlib.suppress(grpc.aio.AioRpcError):
