@@ -242,13 +242,16 @@ class MovePlanner:
             worker = self._workers.find(move.source.worker_id or "")
             if worker is None or worker.state is not WorkerState.SERVING or worker.operation_id:
                 continue
-            served = self._placement.models.get(worker.spec.model)
-            floor = max(1, served.min_workers if served else 0)
+            floor = max(1, self._min_workers(worker.spec.model))
             if serving[worker.spec.model] - 1 < floor:
                 continue
             serving[worker.spec.model] -= 1
             out.append(Step(0, StepKind.RETIRE, worker.id, worker.node, worker.spec.role.value))
         return out
+
+    def _min_workers(self, model: str) -> int:
+        served = self._placement.models.get(model)
+        return served.min_workers if served else 0
 
     def _start_step(
         self, target: PlacedWorker, index: int, reserved: Sequence[tuple[str, int]]
@@ -283,8 +286,7 @@ class MovePlanner:
             if step.kind is StepKind.START:
                 continue  # adds a worker, never removes one
             worker = self._workers.get(step.worker_id)
-            served = self._placement.models.get(worker.spec.model)
-            minimum = served.min_workers if served else 0
+            minimum = self._min_workers(worker.spec.model)
             if serving[worker.spec.model] - 1 < minimum and step.kind is not StepKind.ROLE_CHANGE:
                 raise FailedPrecondition(
                     f"moving {worker.id!r} would leave {worker.spec.model!r} with "
