@@ -16,26 +16,12 @@ import torch
 
 from fleetshift.v1 import agent_pb2
 from fleetshift_agent.snapshot import SnapshotStore
-from fleetshift_common.compat import CompatKey
 from fleetshift_rpc import pki
+from tests.snapshot.helpers import make_key
 
 from .fleet import agent_config, agent_stub, running_agent
 
-KEY = CompatKey(
-    gpu_product="NVIDIA H100 80GB HBM3",
-    gpu_count=1,
-    compute_capability="9.0",
-    driver_version="550.54.15",
-    cuda_version="12.4",
-    torch_version="2.13.0",
-    engine_name="fleetshift-ref",
-    engine_version="0.1.0",
-    model_id="tiny",
-    weights_digest="sha256:" + "cd" * 32,
-    dtype="float32",
-    quantization="none",
-    tensor_parallel=1,
-)
+KEY = make_key(model_id="tiny", weights_digest="sha256:" + "cd" * 32, dtype="float32")
 
 
 def _write(store: SnapshotStore, snapshot_id: str, seed: int = 0) -> None:
