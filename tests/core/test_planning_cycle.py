@@ -18,19 +18,13 @@ from fleetshift_daemon.core.plans import Hysteresis, HysteresisConfig, MoveKind
 from fleetshift_daemon.core.routing import Role
 from fleetshift_daemon.core.traffic import TrafficMonitor
 
+from ..clock import ManualClock
+
 M70 = "llama2-70b"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_traffic_to_efficiency_to_a_proposed_plan_after_the_hold_time() -> None:
-    clock = Clock()
+    clock = ManualClock()
     monitor = TrafficMonitor(clock)
     for _ in range(3000):  # decode-heavy: 100 requests/s of 200 in, 1500 out
         monitor.observe_request(M70, 200, 1500)

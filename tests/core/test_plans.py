@@ -25,6 +25,8 @@ from fleetshift_daemon.core.plans import (
 )
 from fleetshift_daemon.core.routing import Role
 
+from ..clock import ManualClock
+
 M70 = "llama2-70b"
 MODELS = [ModelSpec(llama2_70b(), tp_options=(2, 4, 8))]
 
@@ -158,14 +160,6 @@ def test_surplus_workers_stop_last_after_new_ones_start() -> None:
     assert plan.efficiency_before < 1.0 and plan.goodput_after > plan.goodput_before
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def plan_with(gain: float, cost: float) -> Plan:
     from fleetshift_daemon.core.plans import Move
 
@@ -174,7 +168,7 @@ def plan_with(gain: float, cost: float) -> Plan:
 
 
 def test_hysteresis_holds_back_a_transient_gap() -> None:
-    clock = Clock()
+    clock = ManualClock()
     h = Hysteresis(clock, HysteresisConfig(threshold=0.1, hold_s=300, horizon_s=3600))
     good = plan_with(gain=500.0, cost=10_000.0)
     # a gap of 0.15 is 1.5x the threshold: it must hold 300 / 1.5 = 200 s
@@ -193,7 +187,7 @@ def test_hysteresis_holds_back_a_transient_gap() -> None:
 
 
 def test_hysteresis_acts_sooner_on_a_wider_gap_but_not_before_the_floor() -> None:
-    clock = Clock()
+    clock = ManualClock()
     cfg = HysteresisConfig(threshold=0.1, hold_s=600, min_hold_s=60, horizon_s=3600)
     assert (
         cfg.hold_for(0.1) == 600
@@ -212,7 +206,7 @@ def test_hysteresis_acts_sooner_on_a_wider_gap_but_not_before_the_floor() -> Non
 
 
 def test_hysteresis_needs_the_gain_to_pay_for_the_moves() -> None:
-    clock = Clock()
+    clock = ManualClock()
     h = Hysteresis(clock, HysteresisConfig(threshold=0.1, hold_s=0, horizon_s=60))
     d = h.observe(0.5, plan_with(gain=10.0, cost=1_000_000.0))
     assert not d.propose and "does not beat" in d.reason

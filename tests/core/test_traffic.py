@@ -8,20 +8,13 @@ import pytest
 from fleetshift_common.errors import InvalidArgument, NotFound
 from fleetshift_daemon.core.traffic import TrafficConfig, TrafficMonitor
 
+from ..clock import ManualClock
 from .trace import load_trace
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def test_window_stats_on_the_azure_trace(azure_trace: Path) -> None:
     times, prompts, outputs = load_trace(azure_trace)
-    clock = Clock()
+    clock = ManualClock(1000.0)
     mon = TrafficMonitor(clock, TrafficConfig(window_s=300))
     for t, p, o in zip(times.tolist(), prompts.tolist(), outputs.tolist(), strict=True):
         clock.t = 1000.0 + t
@@ -40,7 +33,7 @@ def test_window_stats_on_the_azure_trace(azure_trace: Path) -> None:
 
 
 def test_old_requests_leave_the_window() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     mon = TrafficMonitor(clock, TrafficConfig(window_s=60))
     for _ in range(60):
         mon.observe_request("m", 4000, 10)  # prompt-heavy burst
@@ -55,7 +48,7 @@ def test_old_requests_leave_the_window() -> None:
 
 
 def test_memory_is_bounded_and_rates_use_the_span_kept() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     mon = TrafficMonitor(clock, TrafficConfig(window_s=300, max_requests=100))
     for _ in range(1000):
         mon.observe_request("m", 10, 10)
@@ -66,7 +59,7 @@ def test_memory_is_bounded_and_rates_use_the_span_kept() -> None:
 
 
 def test_worker_counters_win_over_route_estimates() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     mon = TrafficMonitor(clock, TrafficConfig(window_s=100))
     mon.observe_request("m", 1000, 100)
     mon.observe_counters("w1", "m", 0, 0)
@@ -81,7 +74,7 @@ def test_worker_counters_win_over_route_estimates() -> None:
 
 
 def test_unknown_model_and_bad_input() -> None:
-    mon = TrafficMonitor(Clock())
+    mon = TrafficMonitor(ManualClock(1000.0))
     with pytest.raises(NotFound) as exc:
         mon.stats("nope")
     assert exc.value.field == "model"
@@ -91,7 +84,7 @@ def test_unknown_model_and_bad_input() -> None:
 
 
 def test_all_stats_covers_every_model_seen() -> None:
-    mon = TrafficMonitor(Clock())
+    mon = TrafficMonitor(ManualClock(1000.0))
     mon.observe_request("a", 10, 1)
     mon.observe_request("b", 20, 2)
     assert set(mon.all_stats()) == {"a", "b"}

@@ -12,15 +12,8 @@ from fleetshift_agent.snapshot import (
     SnapshotStore,
 )
 
+from ..clock import ManualClock
 from .helpers import make_key
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _write(store: SnapshotStore, sid: str, model: str = "m1", mb: float = 0.0) -> None:
@@ -39,18 +32,18 @@ def _ids(store: SnapshotStore) -> list[str]:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> ManualClock:
+    return ManualClock(1_000_000.0)
 
 
 @pytest.fixture
-def store(tmp_path: Path, clock: FakeClock) -> SnapshotStore:
+def store(tmp_path: Path, clock: ManualClock) -> SnapshotStore:
     return SnapshotStore(tmp_path / "store", clock)
 
 
-def test_list_get_delete(store: SnapshotStore, clock: FakeClock) -> None:
+def test_list_get_delete(store: SnapshotStore, clock: ManualClock) -> None:
     _write(store, "a")
-    clock.now += 10
+    clock.t += 10
     _write(store, "b", model="m2")
     listed = store.list()
     assert [s.snapshot_id for s in listed] == ["a", "b"]
@@ -107,21 +100,21 @@ def test_leftover_tmp_directories_are_removed_at_start(tmp_path: Path) -> None:
     assert _ids(reopened) == ["a"]
 
 
-def test_retention_keeps_last_n_per_model(store: SnapshotStore, clock: FakeClock) -> None:
+def test_retention_keeps_last_n_per_model(store: SnapshotStore, clock: ManualClock) -> None:
     for i in range(4):
         _write(store, f"m1-{i}", model="m1")
         _write(store, f"m2-{i}", model="m2")
-        clock.now += 60
+        clock.t += 60
     store.pin("m1-0")
     deleted = store.apply_retention(RetentionPolicy(keep_last_per_model=2))
     assert deleted == ["m2-0", "m1-1", "m2-1"]
     assert _ids(store) == ["m1-0", "m1-2", "m2-2", "m1-3", "m2-3"]
 
 
-def test_retention_by_age(store: SnapshotStore, clock: FakeClock) -> None:
+def test_retention_by_age(store: SnapshotStore, clock: ManualClock) -> None:
     for i in range(3):
         _write(store, f"s{i}")
-        clock.now += 3600
+        clock.t += 3600
     with store.using("s0"):
         assert store.apply_retention(RetentionPolicy(max_age_s=2 * 3600 - 1)) == ["s1"]
     assert _ids(store) == ["s0", "s2"]
@@ -129,11 +122,11 @@ def test_retention_by_age(store: SnapshotStore, clock: FakeClock) -> None:
 
 
 def test_retention_by_total_bytes_deletes_oldest_first(
-    store: SnapshotStore, clock: FakeClock
+    store: SnapshotStore, clock: ManualClock
 ) -> None:
     for i in range(4):
         _write(store, f"s{i}", mb=1)
-        clock.now += 1
+        clock.t += 1
     sizes = {s.snapshot_id: s.size_bytes for s in store.list()}
     store.pin("s0")
     limit = sizes["s0"] + sizes["s3"] + 10
@@ -142,10 +135,10 @@ def test_retention_by_total_bytes_deletes_oldest_first(
     assert sum(s.size_bytes for s in store.list()) <= limit
 
 
-def test_retention_policies_combine(store: SnapshotStore, clock: FakeClock) -> None:
+def test_retention_policies_combine(store: SnapshotStore, clock: ManualClock) -> None:
     for i in range(3):
         _write(store, f"s{i}")
-        clock.now += 100
+        clock.t += 100
     policy = RetentionPolicy(keep_last_per_model=2, max_age_s=150)
     assert store.apply_retention(policy) == ["s0", "s1"]
     assert _ids(store) == ["s2"]
