@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from fleetshift.v1 import placement_pb2_grpc as pb_grpc
 from fleetshift_common.config import DaemonConfig, ModelConfig, PlannerSettings
 from fleetshift_daemon.app import Daemon
 
+from .clock import ManualClock
+
 GiB = 1024**3
 MODEL = "llama-70b"
 NODES = {"h100-1": "NVIDIA H100 80GB HBM3", "h200-1": "NVIDIA H200"}
@@ -33,18 +36,47 @@ WORKERS = {
 }
 
 
+async def heartbeat(agents: fpb_grpc.AgentRegistryStub, node: str) -> None:
+    """What the node's agent reports: its workers, serving."""
+    statuses = [
+        fpb.WorkerStatus(
+            worker_id=wid,
+            model=MODEL,
+            role=role,
+            tensor_parallel=tp,
+            dtype="bf16",
+            gpu_indices=list(range(tp)),
+            endpoint=f"127.0.0.1:{9000 + len(wid)}",
+            state=fpb.WORKER_STATE_SERVING,
+            counters=fpb.WorkerCounters(worker_id=wid, kv_blocks_total=100_000),
+        )
+        for wid, role, tp in WORKERS[node]
+    ]
+    await agents.Heartbeat(fpb.HeartbeatRequest(node_name=node, workers=statuses))
+
+
 @pytest.fixture
-async def fleet_daemon(tmp_path: Path, sqlite_url: str) -> AsyncIterator[Daemon]:
+def clock() -> ManualClock:
+    """The daemon's clock: traffic rates are requests over the seconds the test lets pass,
+    not over however long a loaded runner took to send them."""
+    return ManualClock(time.time())
+
+
+@pytest.fixture
+async def fleet_daemon(
+    tmp_path: Path, sqlite_url: str, clock: ManualClock
+) -> AsyncIterator[Daemon]:
     config = DaemonConfig(
         listen="127.0.0.1:0",
         state_dir=str(tmp_path),
         database_url=sqlite_url,
         heartbeat_interval_s=0.2,
         node_lost_after_s=5.0,
+        liveness_check_interval_s=0.2,
         models=(ModelConfig(name=MODEL, preset="llama2-70b", tp_options=(4, 8)),),
         planner=PlannerSettings(interval_s=0.3, threshold=0.95, hold_s=0.0, horizon_s=3600),
     )
-    daemon = Daemon(config)
+    daemon = Daemon(config, clock=clock)
     await daemon.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.port}") as ch:
         agents = fpb_grpc.AgentRegistryStub(ch)
@@ -58,21 +90,7 @@ async def fleet_daemon(tmp_path: Path, sqlite_url: str) -> AsyncIterator[Daemon]
                     inventory_source=fpb.INVENTORY_SOURCE_DECLARED,
                 )
             )
-            statuses = [
-                fpb.WorkerStatus(
-                    worker_id=wid,
-                    model=MODEL,
-                    role=role,
-                    tensor_parallel=tp,
-                    dtype="bf16",
-                    gpu_indices=list(range(tp)),
-                    endpoint=f"127.0.0.1:{9000 + len(wid)}",
-                    state=fpb.WORKER_STATE_SERVING,
-                    counters=fpb.WorkerCounters(worker_id=wid, kv_blocks_total=100_000),
-                )
-                for wid, role, tp in WORKERS[node]
-            ]
-            await agents.Heartbeat(fpb.HeartbeatRequest(node_name=node, workers=statuses))
+            await heartbeat(agents, node)
     try:
         yield daemon
     finally:
@@ -118,14 +136,16 @@ async def test_route_answers_with_a_worker_and_feeds_the_traffic_mix(stubs) -> N
 
 
 async def test_decode_heavy_mix_shows_the_gap_and_plans_decode_onto_h200(
-    stubs, fleet_daemon: Daemon
+    stubs, fleet_daemon: Daemon, clock: ManualClock
 ) -> None:  # type: ignore[no-untyped-def]
     placement, planning = stubs
     for _ in range(60):
         await placement.Route(
             pb.RouteRequest(model=MODEL, prompt_tokens=128, expected_output_tokens=1500)
         )
+    clock.advance(2.0)  # 30 requests/s, 45k output tokens/s
     plan = await planning.PlanRebalance(pb.PlanRebalanceRequest())
+    assert plan.solver_status == "optimal" and plan.solve_s > 0
     assert 0 < plan.efficiency_before < 1
     assert plan.goodput_after_tokens_per_s > plan.goodput_before_tokens_per_s
     decode_targets = {
@@ -216,13 +236,14 @@ async def test_bad_route_requests_are_refused_by_field(stubs, request_msg, code,
 
 
 async def test_operator_gets_a_dry_run_plan_with_grpcurl(
-    fleet_daemon: Daemon, grpcurl: str
+    fleet_daemon: Daemon, grpcurl: str, clock: ManualClock
 ) -> None:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{fleet_daemon.port}") as ch:
         for _ in range(30):
             await pb_grpc.PlacementStub(ch).Route(
                 pb.RouteRequest(model=MODEL, prompt_tokens=128, expected_output_tokens=1500)
             )
+    clock.advance(1.0)
     result = await asyncio.to_thread(
         subprocess.run,
         [
@@ -240,6 +261,7 @@ async def test_operator_gets_a_dry_run_plan_with_grpcurl(
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["moves"] and 0 < plan["efficiency_before"] < 1
+    assert plan["solver_status"] == "optimal", plan["solver_status"]
     assert {m["kind"] for m in plan["moves"]} <= {
         "MOVE_KIND_ROLE_CHANGE",
         "MOVE_KIND_MIGRATE",

@@ -76,6 +76,8 @@ def plan_pb(plan: Plan, horizon_s: float) -> pb.Plan:
         goodput_after_tokens_per_s=plan.goodput_after,
         bytes_to_move=plan.bytes_to_move,
         pays_off=plan.pays_off(horizon_s),
+        solver_status=plan.solver_status,
+        solve_s=plan.solve_s,
     )
     for move in plan.moves:
         m = out.moves.add(

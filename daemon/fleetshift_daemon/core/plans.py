@@ -89,6 +89,8 @@ class Plan:
     goodput_before: float
     goodput_after: float
     efficiency_before: float
+    solver_status: str = ""  # the solve behind goodput_after: "optimal" or stopped at the limit
+    solve_s: float = 0.0
 
     @property
     def gain_tokens_per_s(self) -> float:
@@ -137,7 +139,14 @@ def build_plan(
         if after.goodput_tokens_per_s <= 0
         else min(1.0, before.goodput_tokens_per_s / after.goodput_tokens_per_s)
     )
-    return Plan(tuple(moves), before.goodput_tokens_per_s, after.goodput_tokens_per_s, eff)
+    return Plan(
+        tuple(moves),
+        before.goodput_tokens_per_s,
+        after.goodput_tokens_per_s,
+        eff,
+        solver_status=best.status,
+        solve_s=best.solve_s,
+    )
 
 
 class _Pricer:
