@@ -167,6 +167,46 @@ async def test_decode_heavy_mix_shows_the_gap_and_plans_decode_onto_h200(
     assert report.latest.plan_proposed
 
 
+async def test_planning_goes_on_without_a_lost_node_and_plans_around_it(
+    stubs, fleet_daemon: Daemon, clock: ManualClock
+) -> None:  # type: ignore[no-untyped-def]
+    placement, planning = stubs
+    for _ in range(60):
+        await placement.Route(
+            pb.RouteRequest(model=MODEL, prompt_tokens=128, expected_output_tokens=1500)
+        )
+    clock.advance(6.0)  # past node_lost_after_s; only the H200 node's agent reports again
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{fleet_daemon.port}") as ch:
+        await heartbeat(fpb_grpc.AgentRegistryStub(ch), "h200-1")
+        operator = fpb_grpc.FleetOperatorStub(ch)
+        for _ in range(100):
+            lost = await operator.ListNodes(fpb.ListNodesRequest(state=fpb.NODE_STATE_LOST))
+            if lost.nodes:
+                break
+            await asyncio.sleep(0.05)
+    assert [n.name for n in lost.nodes] == ["h100-1"]
+    lost_at = clock()
+
+    plan = await planning.PlanRebalance(pb.PlanRebalanceRequest())
+    # The lost node's decode worker is neither moved nor counted: the plan fills the shortfall
+    # on the node that is left.
+    assert plan.moves and plan.goodput_after_tokens_per_s > plan.goodput_before_tokens_per_s
+    for move in plan.moves:
+        for side in (move.source, move.target):
+            assert side.worker_id != "dec-h100" and side.node_name != "h100-1", move
+    assert {m.target.role for m in plan.moves} & {fpb.WORKER_ROLE_DECODE, fpb.WORKER_ROLE_MIXED}
+    # The periodic pass keeps publishing after the loss.
+    for _ in range(50):
+        report = await planning.GetEfficiency(pb.GetEfficiencyRequest(history=1))
+        if report.latest.taken_at.ToSeconds() >= int(lost_at):
+            break
+        await asyncio.sleep(0.1)
+    assert report.latest.taken_at.ToSeconds() >= int(lost_at)
+    # A prefill worker alone completes no request: nothing is served until the plan runs.
+    assert report.latest.efficiency == 0.0 and report.latest.plan_proposed
+    assert report.latest.best_goodput_tokens_per_s > 0
+
+
 async def test_place_worker_prefers_the_gpu_kind_that_fits_the_role(stubs) -> None:  # type: ignore[no-untyped-def]
     placement, _ = stubs
     decode = await placement.PlaceWorker(

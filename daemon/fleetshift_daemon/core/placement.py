@@ -340,7 +340,10 @@ class PlacementService:
 
     # -- planning ----------------------------------------------------------------------------
     def current_placement(self) -> Placement:
-        nodes = {n.name: n for n in self._registry.nodes()}
+        # Workers on a lost node serve nothing the router can reach and their GPUs are outside
+        # the planning input: planning them as capacity would fail the pass (their GPU kind
+        # may be on no live node) and hide the shortfall a replacement should fill.
+        nodes = {n.name: n for n in self._registry.nodes(NodeState.READY)}
         placed = []
         for w in self._workers.alive():
             node = nodes.get(w.node)
