@@ -104,6 +104,7 @@ class WorkerLive:
     counters: pb.WorkerCounters | None = None
     sessions: tuple[str, ...] = ()
     role: int = 0  # the worker's own answer (SetRole may have changed it)
+    role_epoch: int = 0  # and how many role changes that answer had seen
 
 
 @dataclass(frozen=True)
@@ -330,7 +331,8 @@ class Supervisor:
                 extra={"worker": worker.worker_id, "code": err.code().name},
             )
             return
-        live.counters, live.role, live.sessions = counters, info.role, tuple(info.session_ids)
+        live.counters, live.sessions = counters, tuple(info.session_ids)
+        live.role, live.role_epoch = info.role, info.role_epoch
 
     def _dead(self, worker: WorkerProcess) -> bool:
         proc = self._procs.get(worker.worker_id)
@@ -345,6 +347,7 @@ class Supervisor:
             worker_id=launch.worker_id,
             model=launch.model,
             role=live.role or ROLES[launch.role],  # type: ignore[arg-type]
+            role_epoch=live.role_epoch,
             tensor_parallel=launch.tp,
             dtype=launch.dtype,
             gpu_indices=list(launch.gpu_indices),

@@ -301,10 +301,15 @@ class Executor:
         worker = self._workers.get(step.worker_id)
         role = Role(step.target_role)
         stub = self._clients.worker(worker.endpoint)
-        await stub.SetRole(
+        info = await stub.SetRole(
             worker_pb2.SetWorkerRoleRequest(role=convert.ROLE_TO_PB[role]), timeout=RPC_TIMEOUT_S
         )
-        await asyncio.to_thread(self._workers.update, worker.id, spec=_with_role(worker, role))
+        await asyncio.to_thread(
+            self._workers.update,
+            worker.id,
+            spec=_with_role(worker, role),
+            role_epoch=info.role_epoch,  # a heartbeat polled before the change must not undo it
+        )
         await self._save_step(
             op_id, step.index, phase="done", state=StepState.DONE, finished_at=self._clock()
         )

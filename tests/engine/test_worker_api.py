@@ -115,10 +115,17 @@ async def test_info_reports_role_and_compat_key_and_role_can_change(
         assert info.compat_key.dtype == "float32"
         assert info.model_id == tiny_model.name
         assert info.kv_blocks_total == 64
+        assert info.role_epoch == 0
         changed = await s.SetRole(
             worker_pb2.SetWorkerRoleRequest(role=fleet_pb2.WORKER_ROLE_PREFILL)
         )
-        assert changed.role == fleet_pb2.WORKER_ROLE_PREFILL
+        assert changed.role == fleet_pb2.WORKER_ROLE_PREFILL and changed.role_epoch == 1
+        # Setting the role it has is no change; a real change counts again.
+        same = await s.SetRole(worker_pb2.SetWorkerRoleRequest(role=fleet_pb2.WORKER_ROLE_PREFILL))
+        assert same.role_epoch == 1
+        back = await s.SetRole(worker_pb2.SetWorkerRoleRequest(role=fleet_pb2.WORKER_ROLE_DECODE))
+        assert back.role_epoch == 2
+        assert (await s.GetInfo(worker_pb2.GetWorkerInfoRequest())).role_epoch == 2
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await s.SetRole(worker_pb2.SetWorkerRoleRequest(role=fleet_pb2.WORKER_ROLE_UNSPECIFIED))
         assert "role" in err.value.details()

@@ -55,6 +55,7 @@ class WorkerState:
     role: int
     restored_from: str = ""
     draining: bool = False  # refuse new sessions: the daemon is retiring this worker
+    role_epoch: int = 0  # role changes since start: orders the role answers the daemon sees
     background: set[asyncio.Task[None]] = field(default_factory=set)
 
 
@@ -414,6 +415,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             session_ids=self.feeds.live_ids(),
             staged_session_ids=sorted(self._staged),
             draining=self.state.draining,
+            role_epoch=self.state.role_epoch,
         )
 
     @rpc_errors
@@ -428,7 +430,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     ) -> worker_pb2.WorkerInfo:
         if request.role not in ROLES.values():
             raise InvalidArgument(f"role {request.role} is not a worker role", field="role")
-        self.state.role = request.role
+        if request.role != self.state.role:
+            self.state.role = request.role
+            self.state.role_epoch += 1
         return self.info()
 
     @rpc_errors

@@ -171,6 +171,7 @@ def worker_report(msg: pb.WorkerStatus, where: str = "workers") -> WorkerReport:
         origin_snapshot=msg.origin_snapshot,
         counters=counters(msg.counters, msg.worker_id) if msg.HasField("counters") else None,
         sessions=tuple(msg.session_ids),
+        role_epoch=msg.role_epoch,
     )
 
 
@@ -186,6 +187,7 @@ def worker_pb(worker: WorkerRecord) -> pb.WorkerStatus:
         state=WORKER_STATE_TO_PB[worker.state],
         origin_snapshot=worker.origin_snapshot,
         session_ids=list(worker.sessions),
+        role_epoch=worker.role_epoch,
     )
     if worker.counters is not None:
         out.counters.CopyFrom(counters_pb(worker.counters))

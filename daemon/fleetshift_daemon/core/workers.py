@@ -68,6 +68,9 @@ class WorkerRecord:
     operation_id: str = ""  # the move that owns this worker while it runs
     counters: WorkerCounters | None = field(default=None, compare=False)
     sessions: tuple[str, ...] = field(default=(), compare=False)
+    # The worker's count of role changes behind spec.role (not persisted: after a daemon
+    # restart the next report sets it).
+    role_epoch: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class WorkerReport:
     origin_snapshot: str = ""
     counters: WorkerCounters | None = None
     sessions: tuple[str, ...] = ()
+    role_epoch: int = 0
 
 
 class WorkerStore(Protocol):
@@ -225,6 +229,7 @@ class WorkerTable:
                 origin_snapshot=report.origin_snapshot,
                 counters=report.counters,
                 sessions=report.sessions,
+                role_epoch=report.role_epoch,
             )
             self._store.save_worker(adopted)
             self._put(adopted)
@@ -234,15 +239,20 @@ class WorkerTable:
                 f"worker {report.worker_id!r} belongs to node {known.node!r}, not {node!r}",
                 field="workers.worker_id",
             )
+        spec, role_epoch = report.spec, report.role_epoch
+        if role_epoch < known.role_epoch:
+            # Polled before the role change the executor has already recorded: keep that role.
+            spec, role_epoch = dataclasses.replace(spec, role=known.spec.role), known.role_epoch
         durable = (
             known.endpoint != report.endpoint
-            or known.spec != report.spec
+            or known.spec != spec
             or (known.state != report.state and not known.operation_id)
         )
         updated = dataclasses.replace(
             known,
             endpoint=report.endpoint,
-            spec=report.spec,
+            spec=spec,
+            role_epoch=role_epoch,
             state=known.state if known.operation_id else report.state,
             counters=report.counters,
             # A moving worker's sessions are the executor's to say: a report polled before the

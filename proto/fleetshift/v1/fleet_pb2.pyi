@@ -161,7 +161,7 @@ class WorkerCounters(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., live_sessions: _Optional[int] = ..., ttft_p50_ms: _Optional[float] = ..., ttft_p99_ms: _Optional[float] = ..., tbt_p50_ms: _Optional[float] = ..., tbt_p99_ms: _Optional[float] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "model", "role", "tensor_parallel", "dtype", "gpu_indices", "endpoint", "state", "origin_snapshot", "counters", "session_ids")
+    __slots__ = ("worker_id", "model", "role", "tensor_parallel", "dtype", "gpu_indices", "endpoint", "state", "origin_snapshot", "counters", "session_ids", "role_epoch")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +173,7 @@ class WorkerStatus(_message.Message):
     ORIGIN_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     role: WorkerRole
@@ -184,7 +185,8 @@ class WorkerStatus(_message.Message):
     origin_snapshot: str
     counters: WorkerCounters
     session_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., tensor_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., endpoint: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., origin_snapshot: _Optional[str] = ..., counters: _Optional[_Union[WorkerCounters, _Mapping]] = ..., session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    role_epoch: int
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., tensor_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., endpoint: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., origin_snapshot: _Optional[str] = ..., counters: _Optional[_Union[WorkerCounters, _Mapping]] = ..., session_ids: _Optional[_Iterable[str]] = ..., role_epoch: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_name", "workers")
