@@ -36,16 +36,14 @@ from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import worker_pb2 as wpb
 from fleetshift.v1 import worker_pb2_grpc as wpb_grpc
 from fleetshift_common.errors import (
-    Aborted,
     AlreadyExists,
     FailedPrecondition,
     FleetShiftError,
-    InvalidArgument,
     NotFound,
-    ResourceExhausted,
     Unavailable,
 )
 from fleetshift_common.sdnotify import child_environ
+from fleetshift_rpc.errors import peer_error
 
 log = logging.getLogger("fleetshift.agent.supervisor")
 
@@ -386,19 +384,22 @@ class Supervisor:
 
 
 # A worker's refusal passes through with its own status; anything else means it is unwell.
-_ERRORS: dict[grpc.StatusCode, type[FleetShiftError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
-    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
-    grpc.StatusCode.ABORTED: Aborted,
-}
+# A worker's refusals the agent's caller should see as they are; anything else (a worker that
+# does not answer, or fails) is UNAVAILABLE.
+_WORKER_PASSES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+    }
+)
 
 
 def _from_status(err: grpc.aio.AioRpcError, worker_id: str) -> FleetShiftError:
-    cls = _ERRORS.get(err.code(), Unavailable)
-    return cls(f"worker {worker_id!r}: {err.details()}")
+    return peer_error(err, f"worker {worker_id!r}", passes=_WORKER_PASSES, default=Unavailable)
 
 
 def _by_id(workers: Iterable[WorkerProcess]) -> list[WorkerProcess]:

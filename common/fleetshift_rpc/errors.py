@@ -8,12 +8,24 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
 import grpc
 
-from fleetshift_common.errors import ErrorKind, FleetShiftError
+from fleetshift_common.errors import (
+    Aborted,
+    AlreadyExists,
+    ErrorKind,
+    FailedPrecondition,
+    FleetShiftError,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
 
 log = logging.getLogger("fleetshift.rpc")
 
@@ -33,6 +45,42 @@ STATUS_FOR_KIND: dict[ErrorKind, grpc.StatusCode] = {
 
 def status_for(error: FleetShiftError) -> grpc.StatusCode:
     return STATUS_FOR_KIND[error.kind]
+
+
+_TYPED = (
+    InvalidArgument,
+    NotFound,
+    AlreadyExists,
+    FailedPrecondition,
+    ResourceExhausted,
+    Unauthenticated,
+    PermissionDenied,
+    Unavailable,
+    Aborted,
+)
+ERROR_FOR_STATUS: dict[grpc.StatusCode, type[FleetShiftError]] = {
+    STATUS_FOR_KIND[cls.kind]: cls for cls in _TYPED
+}
+ERROR_FOR_STATUS[grpc.StatusCode.DEADLINE_EXCEEDED] = Unavailable  # no answer in time: retry
+
+
+def peer_error(
+    err: grpc.aio.AioRpcError,
+    peer: str,
+    *,
+    passes: Collection[grpc.StatusCode],
+    default: type[FleetShiftError],
+    field: str | None = None,
+) -> FleetShiftError:
+    """Another FleetShift process's refusal, re-raised as the typed error it stands for.
+
+    Only the codes in ``passes`` keep their meaning for our own caller; any other becomes
+    ``default`` (the daemon being refused by an agent's TLS is not the operator's
+    UNAUTHENTICATED). The message names the peer and keeps its details.
+    """
+    code = err.code()
+    cls = ERROR_FOR_STATUS.get(code, default) if code in passes else default
+    return cls(f"{peer}: {err.details()}", field=field)
 
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])

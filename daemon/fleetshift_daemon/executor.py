@@ -41,12 +41,8 @@ import grpc
 
 from fleetshift.v1 import agent_pb2, agent_pb2_grpc, worker_pb2, worker_pb2_grpc
 from fleetshift_common.errors import (
-    AlreadyExists,
     FailedPrecondition,
     FleetShiftError,
-    InvalidArgument,
-    NotFound,
-    Unavailable,
 )
 from fleetshift_common.failpoints import Failpoints
 from fleetshift_daemon.api import convert
@@ -63,6 +59,7 @@ from fleetshift_daemon.core.placement import PlacementService
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.core.routing import Role
 from fleetshift_daemon.core.workers import WorkerRecord, WorkerSpec, WorkerState, WorkerTable
+from fleetshift_rpc.errors import peer_error
 from fleetshift_rpc.metrics import DaemonMetrics
 from fleetshift_rpc.server import channel
 
@@ -683,19 +680,27 @@ class Executor:
         return await asyncio.to_thread(self._ops.update, op_id, **changes)
 
 
-_AGENT_ERRORS: dict[grpc.StatusCode, type[FleetShiftError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
-    grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
-}
+# An agent's answers that mean the same to the executor's caller; others fail the step.
+_AGENT_PASSES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    }
+)
 
 
 def agent_error(err: grpc.aio.AioRpcError, node: str) -> FleetShiftError:
     """An agent's refusal, re-raised with the same meaning and the node named."""
-    cls = _AGENT_ERRORS.get(err.code(), FailedPrecondition)
-    return cls(f"agent of node {node!r}: {err.details()}", field="node_name")
+    return peer_error(
+        err,
+        f"agent of node {node!r}",
+        passes=_AGENT_PASSES,
+        default=FailedPrecondition,
+        field="node_name",
+    )
 
 
 def _before(step: Step, phase: str) -> bool:
