@@ -55,6 +55,14 @@ async def heartbeat(agents: fpb_grpc.AgentRegistryStub, node: str) -> None:
     await agents.Heartbeat(fpb.HeartbeatRequest(node_name=node, workers=statuses))
 
 
+async def route_decode_heavy(placement: pb_grpc.PlacementStub, requests: int) -> None:
+    """What the fleet's router asks for a decode-heavy mix: short prompts, long answers."""
+    for _ in range(requests):
+        await placement.Route(
+            pb.RouteRequest(model=MODEL, prompt_tokens=128, expected_output_tokens=1500)
+        )
+
+
 @pytest.fixture
 def clock() -> ManualClock:
     """The daemon's clock: traffic rates are requests over the seconds the test lets pass,
@@ -139,10 +147,7 @@ async def test_decode_heavy_mix_shows_the_gap_and_plans_decode_onto_h200(
     stubs, fleet_daemon: Daemon, clock: ManualClock
 ) -> None:  # type: ignore[no-untyped-def]
     placement, planning = stubs
-    for _ in range(60):
-        await placement.Route(
-            pb.RouteRequest(model=MODEL, prompt_tokens=128, expected_output_tokens=1500)
-        )
+    await route_decode_heavy(placement, 60)
     clock.advance(2.0)  # 30 requests/s, 45k output tokens/s
     plan = await planning.PlanRebalance(pb.PlanRebalanceRequest())
     assert plan.solver_status == "optimal" and plan.solve_s > 0
@@ -171,10 +176,7 @@ async def test_planning_goes_on_without_a_lost_node_and_plans_around_it(
     stubs, fleet_daemon: Daemon, clock: ManualClock
 ) -> None:  # type: ignore[no-untyped-def]
     placement, planning = stubs
-    for _ in range(60):
-        await placement.Route(
-            pb.RouteRequest(model=MODEL, prompt_tokens=128, expected_output_tokens=1500)
-        )
+    await route_decode_heavy(placement, 60)
     clock.advance(6.0)  # past node_lost_after_s; only the H200 node's agent reports again
     async with grpc.aio.insecure_channel(f"127.0.0.1:{fleet_daemon.port}") as ch:
         await heartbeat(fpb_grpc.AgentRegistryStub(ch), "h200-1")
@@ -279,10 +281,7 @@ async def test_operator_gets_a_dry_run_plan_with_grpcurl(
     fleet_daemon: Daemon, grpcurl: str, clock: ManualClock
 ) -> None:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{fleet_daemon.port}") as ch:
-        for _ in range(30):
-            await pb_grpc.PlacementStub(ch).Route(
-                pb.RouteRequest(model=MODEL, prompt_tokens=128, expected_output_tokens=1500)
-            )
+        await route_decode_heavy(pb_grpc.PlacementStub(ch), 30)
     clock.advance(1.0)
     result = await asyncio.to_thread(
         subprocess.run,
