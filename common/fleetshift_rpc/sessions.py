@@ -2,8 +2,10 @@
 
 A move ends the source worker's stream with ABORTED ("moved") once the target owns the
 session; the client asks the daemon where the session lives now and re-attaches there at the
-next token index, so the caller sees one uninterrupted, duplicate-free token stream. This is
-what the fleet's router (or any client library) does; tests use it to prove no token is lost.
+next token index, so the caller sees one uninterrupted, duplicate-free token stream. A worker
+being retired refuses a *new* session with UNAVAILABLE: that session never existed, so there
+is nothing to locate, and ``routed_session`` asks the router again instead. This is what the
+fleet's router (or any client library) does; tests use it to prove no token is lost.
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from fleetshift.v1 import operations_pb2, operations_pb2_grpc, worker_pb2, worker_pb2_grpc
+from fleetshift.v1 import (
+    operations_pb2,
+    operations_pb2_grpc,
+    placement_pb2,
+    placement_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 
 RELOCATABLE = (grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
 
@@ -57,10 +66,12 @@ async def follow_session(
                     if msg.finished:
                         return
         except grpc.aio.AioRpcError as err:
+            opening = first and not request.resume_session_id  # no token of a new session yet
             if (
                 err.code() not in RELOCATABLE
                 or not session_id
                 or (first and not request.session_id)
+                or (opening and err.code() == grpc.StatusCode.UNAVAILABLE)  # refused: route again
             ):
                 raise
             first = False
@@ -68,6 +79,49 @@ async def follow_session(
         if loop.time() - lost_since > relocate_timeout_s:
             raise SessionLost(f"session {session_id!r} unreachable for {relocate_timeout_s}s")
         endpoint = await _locate(locator, session_id, endpoint, relocate_timeout_s)
+
+
+async def routed_session(
+    daemon: grpc.aio.Channel,
+    route: placement_pb2.RouteRequest,
+    request: worker_pb2.GenerateRequest,
+    *,
+    endpoint: str = "",
+    reroute_timeout_s: float = 30.0,
+    relocate_timeout_s: float = 120.0,
+    max_message_bytes: int = 64 << 20,
+) -> AsyncIterator[worker_pb2.GenerateResponse]:
+    """A new session on the worker the daemon routes it to, followed across moves.
+
+    A worker that refuses the session before its first token (UNAVAILABLE: it drains for
+    retirement, or cannot be reached) is routed around: Route is asked again, and the router,
+    which counts a draining worker out, answers with another. ``endpoint`` is a route the
+    caller already holds (routers cache them); it is tried first. Each Route call counts in
+    the daemon's traffic mix, a re-route too.
+    """
+    placement = placement_pb2_grpc.PlacementStub(daemon)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + reroute_timeout_s
+    while True:
+        if not endpoint:
+            endpoint = (await placement.Route(route, timeout=5)).endpoint
+        started = False
+        try:
+            async for msg in follow_session(
+                daemon,
+                endpoint,
+                request,
+                relocate_timeout_s=relocate_timeout_s,
+                max_message_bytes=max_message_bytes,
+            ):
+                started = True
+                yield msg
+            return
+        except grpc.aio.AioRpcError as err:
+            if started or err.code() != grpc.StatusCode.UNAVAILABLE or loop.time() > deadline:
+                raise
+        endpoint = ""
+        await asyncio.sleep(0.05)
 
 
 async def _locate(

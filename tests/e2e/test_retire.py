@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -20,7 +20,7 @@ from fleetshift.v1 import placement_pb2 as ppb
 from fleetshift.v1 import placement_pb2_grpc as ppb_grpc
 from fleetshift.v1 import worker_pb2, worker_pb2_grpc
 from fleetshift_daemon.localfleet import LocalFleet
-from fleetshift_rpc.sessions import follow_session
+from fleetshift_rpc.sessions import follow_session, routed_session
 from tests.e2e.conftest import MODEL, NODES, SESSIONS, request
 
 pytestmark = pytest.mark.slow
@@ -63,6 +63,18 @@ async def refuses_new_sessions_while_draining(endpoint: str) -> bool:
         except grpc.aio.AioRpcError as err:
             return err.code() == grpc.StatusCode.UNAVAILABLE and "draining" in (err.details() or "")
         return False
+
+
+async def tokens_of(stream: AsyncIterator[worker_pb2.GenerateResponse]) -> list[int]:
+    return [msg.token async for msg in stream]
+
+
+async def serving_sessions(endpoint: str) -> list[str]:
+    async with grpc.aio.insecure_channel(endpoint) as ch:
+        info = await worker_pb2_grpc.WorkerServiceStub(ch).GetInfo(
+            worker_pb2.GetWorkerInfoRequest()
+        )
+    return list(info.session_ids)
 
 
 async def workers_by_state(daemon: grpc.aio.Channel) -> dict[str, int]:
@@ -134,3 +146,58 @@ async def test_rebalance_retires_surplus_workers_only_after_their_sessions_end(
             await ops.Rebalance(pb.RebalanceRequest(reason="again"), timeout=30)
         assert nothing.value.code() == grpc.StatusCode.NOT_FOUND
         assert "nothing to move" in (nothing.value.details() or "")
+
+
+async def test_a_client_refused_by_a_retiring_worker_is_routed_to_one_that_stays(
+    retiring_fleet: LocalFleet, reference_tokens
+) -> None:  # type: ignore[no-untyped-def]
+    async with grpc.aio.insecure_channel(retiring_fleet.daemon_address) as daemon:
+        ops = pb_grpc.OperationsStub(daemon)
+        workers = [
+            await ops.StartWorker(
+                pb.StartFleetWorkerRequest(
+                    model=MODEL, role=fpb.WORKER_ROLE_MIXED, node_name=node.name
+                ),
+                timeout=180,
+            )
+            for node in NODES[:2]
+        ]
+        # A live session on each worker keeps the one being retired draining for a while.
+        live = [
+            asyncio.create_task(
+                tokens_of(
+                    follow_session(daemon, w.endpoint, request(GREEDY[1], TOKENS, w.worker_id))
+                )
+            )
+            for w in workers
+        ]
+        deadline = time.monotonic() + 60
+        while not all([await serving_sessions(w.endpoint) for w in workers]):
+            assert time.monotonic() < deadline, "the live sessions never started"
+            await asyncio.sleep(0.05)
+        op = await ops.Rebalance(pb.RebalanceRequest(reason="retire one"), timeout=30)
+        retiring = next(s.worker_id for s in op.steps if s.kind == pb.STEP_KIND_RETIRE)
+        cached = next(w.endpoint for w in workers if w.worker_id == retiring)
+        assert await refuses_new_sessions_while_draining(cached)
+
+        # The client still holds the route to the retiring worker: refused, it routes again.
+        tokens = await asyncio.wait_for(
+            tokens_of(
+                routed_session(
+                    daemon,
+                    ppb.RouteRequest(
+                        model=MODEL, prompt_tokens=len(GREEDY[0][1]), expected_output_tokens=TOKENS
+                    ),
+                    request(GREEDY[0], TOKENS, "-rerouted"),
+                    endpoint=cached,
+                )
+            ),
+            180,
+        )
+        assert tokens == reference_tokens[TOKENS][GREEDY[0][0]]
+        for task, w in zip(live, workers, strict=True):
+            assert await asyncio.wait_for(task, 180) == reference_tokens[TOKENS][GREEDY[1][0]], w
+        async for update in ops.WatchOperation(pb.WatchOperationRequest(operation_id=op.id)):
+            op = update
+        assert op.state == pb.OPERATION_STATE_SUCCEEDED, op
+        assert [s.worker_id for s in op.steps] == [retiring]
