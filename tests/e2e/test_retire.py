@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -19,7 +19,7 @@ from fleetshift.v1 import operations_pb2_grpc as pb_grpc
 from fleetshift.v1 import placement_pb2 as ppb
 from fleetshift.v1 import placement_pb2_grpc as ppb_grpc
 from fleetshift.v1 import worker_pb2, worker_pb2_grpc
-from fleetshift_daemon.localfleet import LocalFleet
+from fleetshift_daemon.localfleet import LocalFleet, NodeSpec
 from fleetshift_rpc.sessions import follow_session, routed_session
 from tests.e2e.conftest import MODEL, NODES, SESSIONS, request
 
@@ -77,6 +77,19 @@ async def serving_sessions(endpoint: str) -> list[str]:
     return list(info.session_ids)
 
 
+async def start_mixed_workers(
+    ops: pb_grpc.OperationsStub, nodes: Sequence[NodeSpec]
+) -> list[fpb.WorkerStatus]:
+    """One mixed worker per node, started as the fleet's scheduler would."""
+    return [
+        await ops.StartWorker(
+            pb.StartFleetWorkerRequest(model=MODEL, role=fpb.WORKER_ROLE_MIXED, node_name=n.name),
+            timeout=180,
+        )
+        for n in nodes
+    ]
+
+
 async def workers_by_state(daemon: grpc.aio.Channel) -> dict[str, int]:
     listed = await ppb_grpc.PlanningStub(daemon).ListWorkers(ppb.ListWorkersRequest())
     return {w.worker_id: w.state for w in listed.workers}
@@ -87,15 +100,7 @@ async def test_rebalance_retires_surplus_workers_only_after_their_sessions_end(
 ) -> None:  # type: ignore[no-untyped-def]
     async with grpc.aio.insecure_channel(retiring_fleet.daemon_address) as daemon:
         ops = pb_grpc.OperationsStub(daemon)
-        workers = [
-            await ops.StartWorker(
-                pb.StartFleetWorkerRequest(
-                    model=MODEL, role=fpb.WORKER_ROLE_MIXED, node_name=node.name
-                ),
-                timeout=180,
-            )
-            for node in NODES
-        ]
+        workers = await start_mixed_workers(ops, NODES)
         ended: dict[str, float] = {}
         started = asyncio.Event()
         counts: dict[str, int] = {}
@@ -153,15 +158,7 @@ async def test_a_client_refused_by_a_retiring_worker_is_routed_to_one_that_stays
 ) -> None:  # type: ignore[no-untyped-def]
     async with grpc.aio.insecure_channel(retiring_fleet.daemon_address) as daemon:
         ops = pb_grpc.OperationsStub(daemon)
-        workers = [
-            await ops.StartWorker(
-                pb.StartFleetWorkerRequest(
-                    model=MODEL, role=fpb.WORKER_ROLE_MIXED, node_name=node.name
-                ),
-                timeout=180,
-            )
-            for node in NODES[:2]
-        ]
+        workers = await start_mixed_workers(ops, NODES[:2])
         # A live session on each worker keeps the one being retired draining for a while.
         live = [
             asyncio.create_task(
