@@ -21,8 +21,10 @@ from fleetshift.v1 import fleet_pb2 as fpb
 from fleetshift.v1 import fleet_pb2_grpc as fpb_grpc
 from fleetshift.v1 import placement_pb2 as pb
 from fleetshift.v1 import placement_pb2_grpc as pb_grpc
+from fleetshift.v1 import worker_pb2
 from fleetshift_common.config import DaemonConfig, ModelConfig, PlannerSettings
 from fleetshift_daemon.app import Daemon
+from fleetshift_rpc.sessions import routed_session
 
 from .clock import ManualClock
 
@@ -141,6 +143,33 @@ async def test_route_answers_with_a_worker_and_feeds_the_traffic_mix(stubs) -> N
     assert [m.model for m in mix.models] == [MODEL]
     assert mix.models[0].requests_in_window == 2
     assert mix.models[0].prompt_tokens.mean == pytest.approx(250)
+
+
+async def test_a_request_routed_again_counts_once_in_the_traffic_mix(
+    stubs, fleet_daemon: Daemon
+) -> None:  # type: ignore[no-untyped-def]
+    _, planning = stubs
+
+    def routed() -> float:
+        sample = ("fleetshift_routes_total", {"outcome": "routed"})
+        return fleet_daemon.metrics.registry.get_sample_value(*sample) or 0.0
+
+    before = routed()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{fleet_daemon.port}") as daemon:
+        session = routed_session(
+            daemon,
+            pb.RouteRequest(model=MODEL, prompt_tokens=100, expected_output_tokens=50),
+            worker_pb2.GenerateRequest(prompt_tokens=[1, 2, 3], max_new_tokens=5),
+            reroute_timeout_s=0.5,
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in session:
+                pass
+    # No declared worker listens: every worker refuses, and the client routes again each time.
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert routed() - before >= 3
+    mix = await planning.GetTrafficMix(pb.GetTrafficMixRequest(model=MODEL))
+    assert mix.models[0].requests_in_window == 1
 
 
 async def test_decode_heavy_mix_shows_the_gap_and_plans_decode_onto_h200(

@@ -96,15 +96,20 @@ async def routed_session(
     A worker that refuses the session before its first token (UNAVAILABLE: it drains for
     retirement, or cannot be reached) is routed around: Route is asked again, and the router,
     which counts a draining worker out, answers with another. ``endpoint`` is a route the
-    caller already holds (routers cache them); it is tried first. Each Route call counts in
-    the daemon's traffic mix, a re-route too.
+    caller already holds (routers cache them); it is tried first. Every Route call after the
+    first is marked ``reroute``, so the daemon's traffic mix counts the request once (set it
+    on ``route`` too when ``endpoint`` came from a Route call for this same request).
     """
     placement = placement_pb2_grpc.PlacementStub(daemon)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + reroute_timeout_s
+    again = placement_pb2.RouteRequest()
+    again.CopyFrom(route)
+    again.reroute = True
     while True:
         if not endpoint:
             endpoint = (await placement.Route(route, timeout=5)).endpoint
+            route = again  # counted once: every later Route call is a re-route
         started = False
         try:
             async for msg in follow_session(

@@ -56,6 +56,7 @@ def route_request(msg: pb.RouteRequest) -> RouteRequest:
         expected_output_tokens=output,
         slo=slo,
         preferred_worker_id=msg.preferred_worker_id or None,
+        reroute=msg.reroute,
     )
 
 

@@ -77,6 +77,7 @@ class RouteRequest:
     expected_output_tokens: int | None = None
     slo: Slo | None = None
     preferred_worker_id: str | None = None
+    reroute: bool = False  # already counted in the traffic mix when first routed
 
 
 @dataclass(frozen=True)
@@ -451,7 +452,7 @@ class Router:
             out, estimated = self._estimator.estimate(req.model, req.prompt_tokens), True
         else:
             out, estimated = 256.0, True
-        if self._traffic is not None:
+        if self._traffic is not None and not req.reroute:
             self._traffic.observe_request(req.model, req.prompt_tokens, out)
         ttft = (slo.ttft_ms or cfg.default_ttft_ms) / 1e3
         tbt = (slo.tbt_ms or cfg.default_tbt_ms) / 1e3

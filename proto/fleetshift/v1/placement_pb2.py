@@ -26,55 +26,55 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from fleetshift.v1 import fleet_pb2 as fleetshift_dot_v1_dot_fleet__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66leetshift/v1/placement.proto\x12\rfleetshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19\x66leetshift/v1/fleet.proto\"&\n\x03Slo\x12\x0f\n\x07ttft_ms\x18\x01 \x01(\x01\x12\x0e\n\x06tbt_ms\x18\x02 \x01(\x01\"\xb2\x01\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12#\n\x16\x65xpected_output_tokens\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x1f\n\x03slo\x18\x04 \x01(\x0b\x32\x12.fleetshift.v1.Slo\x12\x1b\n\x13preferred_worker_id\x18\x05 \x01(\tB\x19\n\x17_expected_output_tokens\"\xb9\x01\n\nScoreTerms\x12\x11\n\tphase_fit\x18\x01 \x01(\x01\x12\x0f\n\x07latency\x18\x02 \x01(\x01\x12\x0c\n\x04load\x18\x03 \x01(\x01\x12\x13\n\x0bkv_headroom\x18\x04 \x01(\x01\x12\x0e\n\x06health\x18\x05 \x01(\x01\x12\x10\n\x08\x61\x66\x66inity\x18\x06 \x01(\x01\x12\r\n\x05total\x18\x07 \x01(\x01\x12\x19\n\x11predicted_ttft_ms\x18\x08 \x01(\x01\x12\x18\n\x10predicted_tbt_ms\x18\t \x01(\x01\"\xe5\x01\n\rRouteResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x04 \x01(\t\x12\x17\n\x0f\x64\x65\x63ode_endpoint\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12(\n\x05terms\x18\x07 \x01(\x0b\x32\x19.fleetshift.v1.ScoreTerms\x12\x15\n\routput_tokens\x18\x08 \x01(\x01\x12\x18\n\x10output_estimated\x18\t \x01(\x08\"\x8d\x01\n\x12PlaceWorkerRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x04role\x18\x02 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x17\n\x0ftensor_parallel\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x17\n\x0fprefer_gpu_kind\x18\x05 \x01(\t\"y\n\x13PlaceWorkerResponse\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x02 \x03(\r\x12\x10\n\x08gpu_kind\x18\x03 \x01(\t\x12\x18\n\x10warm_snapshot_id\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\'\n\x14GetEfficiencyRequest\x12\x0f\n\x07history\x18\x01 \x01(\r\"\xb4\x01\n\x10\x45\x66\x66iciencySample\x12,\n\x08taken_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nefficiency\x18\x02 \x01(\x01\x12$\n\x1c\x63urrent_goodput_tokens_per_s\x18\x03 \x01(\x01\x12!\n\x19\x62\x65st_goodput_tokens_per_s\x18\x04 \x01(\x01\x12\x15\n\rplan_proposed\x18\x05 \x01(\x08\"\xa7\x01\n\x10\x45\x66\x66iciencyReport\x12/\n\x06latest\x18\x01 \x01(\x0b\x32\x1f.fleetshift.v1.EfficiencySample\x12\x30\n\x07history\x18\x02 \x03(\x0b\x32\x1f.fleetshift.v1.EfficiencySample\x12\x11\n\tthreshold\x18\x03 \x01(\x01\x12\x1d\n\x15\x62\x65low_threshold_for_s\x18\x04 \x01(\x01\"%\n\x14GetTrafficMixRequest\x12\r\n\x05model\x18\x01 \x01(\t\"5\n\x0bLengthStats\x12\x0c\n\x04mean\x18\x01 \x01(\x01\x12\x0b\n\x03p50\x18\x02 \x01(\x01\x12\x0b\n\x03p90\x18\x03 \x01(\x01\"\xf7\x01\n\x0cModelTraffic\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1a\n\x12\x61rrival_rate_per_s\x18\x02 \x01(\x01\x12\x31\n\rprompt_tokens\x18\x03 \x01(\x0b\x32\x1a.fleetshift.v1.LengthStats\x12\x31\n\routput_tokens\x18\x04 \x01(\x0b\x32\x1a.fleetshift.v1.LengthStats\x12\x1c\n\x14prefill_decode_ratio\x18\x05 \x01(\x01\x12\x1a\n\x12requests_in_window\x18\x06 \x01(\x04\x12\x1c\n\x14\x65stimator_mae_tokens\x18\x07 \x01(\x01\"K\n\nTrafficMix\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.fleetshift.v1.ModelTraffic\x12\x10\n\x08window_s\x18\x02 \x01(\x01\"\x16\n\x14PlanRebalanceRequest\"\xa7\x01\n\rPlannedWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\'\n\x04role\x18\x03 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x10\n\x08gpu_kind\x18\x04 \x01(\t\x12\x17\n\x0ftensor_parallel\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x11\n\tnode_name\x18\x07 \x01(\t\"\xc9\x02\n\x0bPlannedMove\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.fleetshift.v1.MoveKind\x12\r\n\x05model\x18\x02 \x01(\t\x12,\n\x06source\x18\x03 \x01(\x0b\x32\x1c.fleetshift.v1.PlannedWorker\x12,\n\x06target\x18\x04 \x01(\x0b\x32\x1c.fleetshift.v1.PlannedWorker\x12\x15\n\rbytes_to_move\x18\x05 \x01(\x04\x12\x12\n\nduration_s\x18\x06 \x01(\x01\x12\x18\n\x10\x65xpected_pause_s\x18\x07 \x01(\x01\x12\x19\n\x11sessions_affected\x18\x08 \x01(\r\x12#\n\x1bpredicted_gain_tokens_per_s\x18\t \x01(\x01\x12\x13\n\x0b\x63ost_tokens\x18\n \x01(\x01\x12\x0e\n\x06reason\x18\x0b \x01(\t\"\xe6\x01\n\x04Plan\x12)\n\x05moves\x18\x01 \x03(\x0b\x32\x1a.fleetshift.v1.PlannedMove\x12\x19\n\x11\x65\x66\x66iciency_before\x18\x02 \x01(\x01\x12#\n\x1bgoodput_before_tokens_per_s\x18\x03 \x01(\x01\x12\"\n\x1agoodput_after_tokens_per_s\x18\x04 \x01(\x01\x12\x15\n\rbytes_to_move\x18\x05 \x01(\x04\x12\x10\n\x08pays_off\x18\x06 \x01(\x08\x12\x15\n\rsolver_status\x18\x07 \x01(\t\x12\x0f\n\x07solve_s\x18\x08 \x01(\x01\"6\n\x12ListWorkersRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\"C\n\x13ListWorkersResponse\x12,\n\x07workers\x18\x01 \x03(\x0b\x32\x1b.fleetshift.v1.WorkerStatus*\x9a\x01\n\x08MoveKind\x12\x19\n\x15MOVE_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15MOVE_KIND_ROLE_CHANGE\x10\x01\x12\x15\n\x11MOVE_KIND_MIGRATE\x10\x02\x12\x18\n\x14MOVE_KIND_COLD_START\x10\x03\x12\x13\n\x0fMOVE_KIND_START\x10\x04\x12\x12\n\x0eMOVE_KIND_STOP\x10\x05\x32\xa5\x01\n\tPlacement\x12\x42\n\x05Route\x12\x1b.fleetshift.v1.RouteRequest\x1a\x1c.fleetshift.v1.RouteResponse\x12T\n\x0bPlaceWorker\x12!.fleetshift.v1.PlaceWorkerRequest\x1a\".fleetshift.v1.PlaceWorkerResponse2\xd3\x02\n\x08Planning\x12U\n\rGetEfficiency\x12#.fleetshift.v1.GetEfficiencyRequest\x1a\x1f.fleetshift.v1.EfficiencyReport\x12O\n\rGetTrafficMix\x12#.fleetshift.v1.GetTrafficMixRequest\x1a\x19.fleetshift.v1.TrafficMix\x12I\n\rPlanRebalance\x12#.fleetshift.v1.PlanRebalanceRequest\x1a\x13.fleetshift.v1.Plan\x12T\n\x0bListWorkers\x12!.fleetshift.v1.ListWorkersRequest\x1a\".fleetshift.v1.ListWorkersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66leetshift/v1/placement.proto\x12\rfleetshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19\x66leetshift/v1/fleet.proto\"&\n\x03Slo\x12\x0f\n\x07ttft_ms\x18\x01 \x01(\x01\x12\x0e\n\x06tbt_ms\x18\x02 \x01(\x01\"\xc3\x01\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12#\n\x16\x65xpected_output_tokens\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x1f\n\x03slo\x18\x04 \x01(\x0b\x32\x12.fleetshift.v1.Slo\x12\x1b\n\x13preferred_worker_id\x18\x05 \x01(\t\x12\x0f\n\x07reroute\x18\x06 \x01(\x08\x42\x19\n\x17_expected_output_tokens\"\xb9\x01\n\nScoreTerms\x12\x11\n\tphase_fit\x18\x01 \x01(\x01\x12\x0f\n\x07latency\x18\x02 \x01(\x01\x12\x0c\n\x04load\x18\x03 \x01(\x01\x12\x13\n\x0bkv_headroom\x18\x04 \x01(\x01\x12\x0e\n\x06health\x18\x05 \x01(\x01\x12\x10\n\x08\x61\x66\x66inity\x18\x06 \x01(\x01\x12\r\n\x05total\x18\x07 \x01(\x01\x12\x19\n\x11predicted_ttft_ms\x18\x08 \x01(\x01\x12\x18\n\x10predicted_tbt_ms\x18\t \x01(\x01\"\xe5\x01\n\rRouteResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x04 \x01(\t\x12\x17\n\x0f\x64\x65\x63ode_endpoint\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12(\n\x05terms\x18\x07 \x01(\x0b\x32\x19.fleetshift.v1.ScoreTerms\x12\x15\n\routput_tokens\x18\x08 \x01(\x01\x12\x18\n\x10output_estimated\x18\t \x01(\x08\"\x8d\x01\n\x12PlaceWorkerRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x04role\x18\x02 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x17\n\x0ftensor_parallel\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x17\n\x0fprefer_gpu_kind\x18\x05 \x01(\t\"y\n\x13PlaceWorkerResponse\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x02 \x03(\r\x12\x10\n\x08gpu_kind\x18\x03 \x01(\t\x12\x18\n\x10warm_snapshot_id\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\'\n\x14GetEfficiencyRequest\x12\x0f\n\x07history\x18\x01 \x01(\r\"\xb4\x01\n\x10\x45\x66\x66iciencySample\x12,\n\x08taken_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nefficiency\x18\x02 \x01(\x01\x12$\n\x1c\x63urrent_goodput_tokens_per_s\x18\x03 \x01(\x01\x12!\n\x19\x62\x65st_goodput_tokens_per_s\x18\x04 \x01(\x01\x12\x15\n\rplan_proposed\x18\x05 \x01(\x08\"\xa7\x01\n\x10\x45\x66\x66iciencyReport\x12/\n\x06latest\x18\x01 \x01(\x0b\x32\x1f.fleetshift.v1.EfficiencySample\x12\x30\n\x07history\x18\x02 \x03(\x0b\x32\x1f.fleetshift.v1.EfficiencySample\x12\x11\n\tthreshold\x18\x03 \x01(\x01\x12\x1d\n\x15\x62\x65low_threshold_for_s\x18\x04 \x01(\x01\"%\n\x14GetTrafficMixRequest\x12\r\n\x05model\x18\x01 \x01(\t\"5\n\x0bLengthStats\x12\x0c\n\x04mean\x18\x01 \x01(\x01\x12\x0b\n\x03p50\x18\x02 \x01(\x01\x12\x0b\n\x03p90\x18\x03 \x01(\x01\"\xf7\x01\n\x0cModelTraffic\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1a\n\x12\x61rrival_rate_per_s\x18\x02 \x01(\x01\x12\x31\n\rprompt_tokens\x18\x03 \x01(\x0b\x32\x1a.fleetshift.v1.LengthStats\x12\x31\n\routput_tokens\x18\x04 \x01(\x0b\x32\x1a.fleetshift.v1.LengthStats\x12\x1c\n\x14prefill_decode_ratio\x18\x05 \x01(\x01\x12\x1a\n\x12requests_in_window\x18\x06 \x01(\x04\x12\x1c\n\x14\x65stimator_mae_tokens\x18\x07 \x01(\x01\"K\n\nTrafficMix\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.fleetshift.v1.ModelTraffic\x12\x10\n\x08window_s\x18\x02 \x01(\x01\"\x16\n\x14PlanRebalanceRequest\"\xa7\x01\n\rPlannedWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\'\n\x04role\x18\x03 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x10\n\x08gpu_kind\x18\x04 \x01(\t\x12\x17\n\x0ftensor_parallel\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x11\n\tnode_name\x18\x07 \x01(\t\"\xc9\x02\n\x0bPlannedMove\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.fleetshift.v1.MoveKind\x12\r\n\x05model\x18\x02 \x01(\t\x12,\n\x06source\x18\x03 \x01(\x0b\x32\x1c.fleetshift.v1.PlannedWorker\x12,\n\x06target\x18\x04 \x01(\x0b\x32\x1c.fleetshift.v1.PlannedWorker\x12\x15\n\rbytes_to_move\x18\x05 \x01(\x04\x12\x12\n\nduration_s\x18\x06 \x01(\x01\x12\x18\n\x10\x65xpected_pause_s\x18\x07 \x01(\x01\x12\x19\n\x11sessions_affected\x18\x08 \x01(\r\x12#\n\x1bpredicted_gain_tokens_per_s\x18\t \x01(\x01\x12\x13\n\x0b\x63ost_tokens\x18\n \x01(\x01\x12\x0e\n\x06reason\x18\x0b \x01(\t\"\xe6\x01\n\x04Plan\x12)\n\x05moves\x18\x01 \x03(\x0b\x32\x1a.fleetshift.v1.PlannedMove\x12\x19\n\x11\x65\x66\x66iciency_before\x18\x02 \x01(\x01\x12#\n\x1bgoodput_before_tokens_per_s\x18\x03 \x01(\x01\x12\"\n\x1agoodput_after_tokens_per_s\x18\x04 \x01(\x01\x12\x15\n\rbytes_to_move\x18\x05 \x01(\x04\x12\x10\n\x08pays_off\x18\x06 \x01(\x08\x12\x15\n\rsolver_status\x18\x07 \x01(\t\x12\x0f\n\x07solve_s\x18\x08 \x01(\x01\"6\n\x12ListWorkersRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\"C\n\x13ListWorkersResponse\x12,\n\x07workers\x18\x01 \x03(\x0b\x32\x1b.fleetshift.v1.WorkerStatus*\x9a\x01\n\x08MoveKind\x12\x19\n\x15MOVE_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15MOVE_KIND_ROLE_CHANGE\x10\x01\x12\x15\n\x11MOVE_KIND_MIGRATE\x10\x02\x12\x18\n\x14MOVE_KIND_COLD_START\x10\x03\x12\x13\n\x0fMOVE_KIND_START\x10\x04\x12\x12\n\x0eMOVE_KIND_STOP\x10\x05\x32\xa5\x01\n\tPlacement\x12\x42\n\x05Route\x12\x1b.fleetshift.v1.RouteRequest\x1a\x1c.fleetshift.v1.RouteResponse\x12T\n\x0bPlaceWorker\x12!.fleetshift.v1.PlaceWorkerRequest\x1a\".fleetshift.v1.PlaceWorkerResponse2\xd3\x02\n\x08Planning\x12U\n\rGetEfficiency\x12#.fleetshift.v1.GetEfficiencyRequest\x1a\x1f.fleetshift.v1.EfficiencyReport\x12O\n\rGetTrafficMix\x12#.fleetshift.v1.GetTrafficMixRequest\x1a\x19.fleetshift.v1.TrafficMix\x12I\n\rPlanRebalance\x12#.fleetshift.v1.PlanRebalanceRequest\x1a\x13.fleetshift.v1.Plan\x12T\n\x0bListWorkers\x12!.fleetshift.v1.ListWorkersRequest\x1a\".fleetshift.v1.ListWorkersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fleetshift.v1.placement_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MOVEKIND']._serialized_start=2716
-  _globals['_MOVEKIND']._serialized_end=2870
+  _globals['_MOVEKIND']._serialized_start=2733
+  _globals['_MOVEKIND']._serialized_end=2887
   _globals['_SLO']._serialized_start=108
   _globals['_SLO']._serialized_end=146
   _globals['_ROUTEREQUEST']._serialized_start=149
-  _globals['_ROUTEREQUEST']._serialized_end=327
-  _globals['_SCORETERMS']._serialized_start=330
-  _globals['_SCORETERMS']._serialized_end=515
-  _globals['_ROUTERESPONSE']._serialized_start=518
-  _globals['_ROUTERESPONSE']._serialized_end=747
-  _globals['_PLACEWORKERREQUEST']._serialized_start=750
-  _globals['_PLACEWORKERREQUEST']._serialized_end=891
-  _globals['_PLACEWORKERRESPONSE']._serialized_start=893
-  _globals['_PLACEWORKERRESPONSE']._serialized_end=1014
-  _globals['_GETEFFICIENCYREQUEST']._serialized_start=1016
-  _globals['_GETEFFICIENCYREQUEST']._serialized_end=1055
-  _globals['_EFFICIENCYSAMPLE']._serialized_start=1058
-  _globals['_EFFICIENCYSAMPLE']._serialized_end=1238
-  _globals['_EFFICIENCYREPORT']._serialized_start=1241
-  _globals['_EFFICIENCYREPORT']._serialized_end=1408
-  _globals['_GETTRAFFICMIXREQUEST']._serialized_start=1410
-  _globals['_GETTRAFFICMIXREQUEST']._serialized_end=1447
-  _globals['_LENGTHSTATS']._serialized_start=1449
-  _globals['_LENGTHSTATS']._serialized_end=1502
-  _globals['_MODELTRAFFIC']._serialized_start=1505
-  _globals['_MODELTRAFFIC']._serialized_end=1752
-  _globals['_TRAFFICMIX']._serialized_start=1754
-  _globals['_TRAFFICMIX']._serialized_end=1829
-  _globals['_PLANREBALANCEREQUEST']._serialized_start=1831
-  _globals['_PLANREBALANCEREQUEST']._serialized_end=1853
-  _globals['_PLANNEDWORKER']._serialized_start=1856
-  _globals['_PLANNEDWORKER']._serialized_end=2023
-  _globals['_PLANNEDMOVE']._serialized_start=2026
-  _globals['_PLANNEDMOVE']._serialized_end=2355
-  _globals['_PLAN']._serialized_start=2358
-  _globals['_PLAN']._serialized_end=2588
-  _globals['_LISTWORKERSREQUEST']._serialized_start=2590
-  _globals['_LISTWORKERSREQUEST']._serialized_end=2644
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=2646
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=2713
-  _globals['_PLACEMENT']._serialized_start=2873
-  _globals['_PLACEMENT']._serialized_end=3038
-  _globals['_PLANNING']._serialized_start=3041
-  _globals['_PLANNING']._serialized_end=3380
+  _globals['_ROUTEREQUEST']._serialized_end=344
+  _globals['_SCORETERMS']._serialized_start=347
+  _globals['_SCORETERMS']._serialized_end=532
+  _globals['_ROUTERESPONSE']._serialized_start=535
+  _globals['_ROUTERESPONSE']._serialized_end=764
+  _globals['_PLACEWORKERREQUEST']._serialized_start=767
+  _globals['_PLACEWORKERREQUEST']._serialized_end=908
+  _globals['_PLACEWORKERRESPONSE']._serialized_start=910
+  _globals['_PLACEWORKERRESPONSE']._serialized_end=1031
+  _globals['_GETEFFICIENCYREQUEST']._serialized_start=1033
+  _globals['_GETEFFICIENCYREQUEST']._serialized_end=1072
+  _globals['_EFFICIENCYSAMPLE']._serialized_start=1075
+  _globals['_EFFICIENCYSAMPLE']._serialized_end=1255
+  _globals['_EFFICIENCYREPORT']._serialized_start=1258
+  _globals['_EFFICIENCYREPORT']._serialized_end=1425
+  _globals['_GETTRAFFICMIXREQUEST']._serialized_start=1427
+  _globals['_GETTRAFFICMIXREQUEST']._serialized_end=1464
+  _globals['_LENGTHSTATS']._serialized_start=1466
+  _globals['_LENGTHSTATS']._serialized_end=1519
+  _globals['_MODELTRAFFIC']._serialized_start=1522
+  _globals['_MODELTRAFFIC']._serialized_end=1769
+  _globals['_TRAFFICMIX']._serialized_start=1771
+  _globals['_TRAFFICMIX']._serialized_end=1846
+  _globals['_PLANREBALANCEREQUEST']._serialized_start=1848
+  _globals['_PLANREBALANCEREQUEST']._serialized_end=1870
+  _globals['_PLANNEDWORKER']._serialized_start=1873
+  _globals['_PLANNEDWORKER']._serialized_end=2040
+  _globals['_PLANNEDMOVE']._serialized_start=2043
+  _globals['_PLANNEDMOVE']._serialized_end=2372
+  _globals['_PLAN']._serialized_start=2375
+  _globals['_PLAN']._serialized_end=2605
+  _globals['_LISTWORKERSREQUEST']._serialized_start=2607
+  _globals['_LISTWORKERSREQUEST']._serialized_end=2661
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=2663
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=2730
+  _globals['_PLACEMENT']._serialized_start=2890
+  _globals['_PLACEMENT']._serialized_end=3055
+  _globals['_PLANNING']._serialized_start=3058
+  _globals['_PLANNING']._serialized_end=3397
 # @@protoc_insertion_point(module_scope)

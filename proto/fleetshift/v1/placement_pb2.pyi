@@ -35,18 +35,20 @@ class Slo(_message.Message):
     def __init__(self, ttft_ms: _Optional[float] = ..., tbt_ms: _Optional[float] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
-    __slots__ = ("model", "prompt_tokens", "expected_output_tokens", "slo", "preferred_worker_id")
+    __slots__ = ("model", "prompt_tokens", "expected_output_tokens", "slo", "preferred_worker_id", "reroute")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SLO_FIELD_NUMBER: _ClassVar[int]
     PREFERRED_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REROUTE_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt_tokens: int
     expected_output_tokens: int
     slo: Slo
     preferred_worker_id: str
-    def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., expected_output_tokens: _Optional[int] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., preferred_worker_id: _Optional[str] = ...) -> None: ...
+    reroute: bool
+    def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., expected_output_tokens: _Optional[int] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., preferred_worker_id: _Optional[str] = ..., reroute: _Optional[bool] = ...) -> None: ...
 
 class ScoreTerms(_message.Message):
     __slots__ = ("phase_fit", "latency", "load", "kv_headroom", "health", "affinity", "total", "predicted_ttft_ms", "predicted_tbt_ms")
