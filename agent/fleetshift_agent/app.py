@@ -109,6 +109,7 @@ class Agent:
             cfg.max_message_bytes,
             tls.channel_credentials() if tls else None,
             heartbeat_sent=self._heartbeat_sent,
+            report_lock=self.supervisor.reporting,
         )
         self._tasks.append(asyncio.create_task(self.membership.run()))
         self._tasks.append(asyncio.create_task(self._poll_workers()))

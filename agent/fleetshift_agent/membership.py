@@ -56,6 +56,7 @@ class Membership:
         max_message_bytes: int,
         credentials: grpc.ChannelCredentials | None = None,
         heartbeat_sent: Callable[[pb.HeartbeatRequest], None] = lambda request: None,
+        report_lock: asyncio.Lock | None = None,
     ) -> None:
         self._address = daemon_address
         self._registration = registration
@@ -64,6 +65,9 @@ class Membership:
         self._max_message_bytes = max_message_bytes
         self._credentials = credentials
         self._heartbeat_sent = heartbeat_sent
+        # Held from building a heartbeat until the daemon has answered it: a worker start or
+        # stop that takes it too cannot be overtaken by a report built before it.
+        self._report_lock = report_lock or asyncio.Lock()
         self.registered = asyncio.Event()
         self.registrations = 0  # how many times this process registered (observability)
         self.interval_s = 1.0  # the heartbeat interval the daemon asked for at registration
@@ -103,14 +107,18 @@ class Membership:
         self.interval_s = max(reply.heartbeat_interval_ms, 100) / 1000
         return self.interval_s
 
+    async def _send_heartbeat(self, stub: pb_grpc.AgentRegistryStub) -> None:
+        async with self._report_lock:
+            request = self._heartbeat()
+            await stub.Heartbeat(request, timeout=RPC_TIMEOUT_S)
+            self._heartbeat_sent(request)
+
     async def _heartbeat_until_lost(self, stub: pb_grpc.AgentRegistryStub, interval: float) -> None:
         """Returns when the daemon no longer knows the node; raises when it is unreachable."""
         while True:
             await asyncio.sleep(interval)
-            request = self._heartbeat()
             try:
-                await stub.Heartbeat(request, timeout=RPC_TIMEOUT_S)
-                self._heartbeat_sent(request)
+                await self._send_heartbeat(stub)
             except grpc.aio.AioRpcError as err:
                 if err.code() == grpc.StatusCode.NOT_FOUND:
                     log.warning("daemon does not know this node; registering again")

@@ -127,6 +127,10 @@ class Supervisor:
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _gone: dict[str, WorkerProcess] = field(default_factory=dict)  # to report once more
     _stopping: set[str] = field(default_factory=set)  # not polled: they are shutting down
+    # Taken by the heartbeat from building its report until the daemon answered it, and here
+    # for the last step of a start or stop: the daemon hears of a worker serving or stopped
+    # from our answer first, and no report built before that change can arrive after it.
+    reporting: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
@@ -175,9 +179,10 @@ class Supervisor:
                 tail = _tail(self._file(launch.worker_id, ".log"))
                 raise type(err)(f"{err.message}; log tail: {tail}", field=err.field) from None
             raise
-        worker = replace(worker, port=port, state=SERVING)
-        self._record(worker)
-        self.live[launch.worker_id] = WorkerLive(role=ROLES[launch.role])
+        async with self.reporting:
+            worker = replace(worker, port=port, state=SERVING)
+            self._record(worker)
+            self.live[launch.worker_id] = WorkerLive(role=ROLES[launch.role])
         log.info(
             "worker started", extra={"worker": launch.worker_id, "pid": proc.pid, "port": port}
         )
@@ -238,9 +243,10 @@ class Supervisor:
                     await asyncio.to_thread(proc.wait, 5)
         finally:
             self._stopping.discard(worker_id)
-        stopped = replace(worker, state=STOPPED)
-        self._forget(worker_id)
-        self._gone[worker_id] = stopped
+        async with self.reporting:
+            stopped = replace(worker, state=STOPPED)
+            self._forget(worker_id)
+            self._gone[worker_id] = stopped
         log.info("worker stopped", extra={"worker": worker_id})
         return stopped
 
