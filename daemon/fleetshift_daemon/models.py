@@ -1,8 +1,8 @@
 """Turn the daemon's configured models and prices into what the placement core needs.
 
 Architectures come from a Hugging Face ``config.json`` (a file, or the model directory that
-holds it) or from a named preset, so the performance model works for any Llama/GPT-style model
-without weights on the daemon's machine.
+holds it) or from a named preset, so the performance model works for any model of a family
+``core.hf_config`` reads, without weights on the daemon's machine.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fleetshift_common.config import ConfigError, DaemonConfig, ModelConfig
+from fleetshift_daemon.core.errors import InvalidModelArch
 from fleetshift_daemon.core.gpus import GpuCatalogue, default_catalogue
 from fleetshift_daemon.core.perfmodel import Dtype, ModelArch, llama2_70b
 from fleetshift_daemon.core.placement import ServedModel
@@ -39,7 +40,15 @@ def model_arch(model: ModelConfig) -> ModelArch:
         raise ConfigError(
             f"model {model.name!r}: cannot read hf_config {path}: {err}", field="models.hf_config"
         ) from None
-    return ModelArch.from_hf_config(model.name, raw)
+    try:
+        return ModelArch.from_hf_config(model.name, raw)
+    except InvalidModelArch as err:
+        # A config the daemon cannot read stops it at start, naming the config.json key: a
+        # guessed architecture would misplace every worker of this model without a word.
+        raise ConfigError(
+            f"model {model.name!r}: hf_config {path}: {err} (key {err.field})",
+            field="models.hf_config",
+        ) from None
 
 
 def served_models(config: DaemonConfig) -> list[ServedModel]:

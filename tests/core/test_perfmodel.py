@@ -32,6 +32,7 @@ def test_explicit_head_dim_and_gpt_neox_keys() -> None:
     qwen = ModelArch.from_hf_config(
         "q",
         {
+            "model_type": "qwen2",
             "hidden_size": 2048,
             "num_attention_heads": 16,
             "num_key_value_heads": 8,
@@ -61,8 +62,8 @@ def test_explicit_head_dim_and_gpt_neox_keys() -> None:
     ("cfg", "field"),
     [
         ({k: v for k, v in LLAMA2_70B_HF.items() if k != "vocab_size"}, "vocab_size"),
-        ({**LLAMA2_70B_HF, "num_key_value_heads": 7}, "n_kv_heads"),
-        ({**LLAMA2_70B_HF, "num_hidden_layers": 0}, "n_layers"),
+        ({**LLAMA2_70B_HF, "num_key_value_heads": 7}, "num_key_value_heads"),
+        ({**LLAMA2_70B_HF, "num_hidden_layers": 0}, "num_hidden_layers"),
         ({**LLAMA2_70B_HF, "hidden_size": "big"}, "hidden_size"),
     ],
 )
