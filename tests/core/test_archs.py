@@ -616,6 +616,7 @@ def test_a_missing_size_is_refused_naming_the_key(model: str, key: str) -> None:
         ("llama-2-7b", "hidden_size", "big"),
         ("llama-2-7b", "num_hidden_layers", 0),
         ("llama-2-7b", "num_key_value_heads", -8),
+        ("mistral-7b", "num_key_value_heads", 7),  # does not divide 32 heads
         ("llama-2-7b", "tie_word_embeddings", "no"),
         ("mixtral-8x7b", "num_experts_per_tok", 9),  # more than its 8 experts
         ("qwen1.5-moe-a2.7b", "mlp_only_layers", "all"),
@@ -661,3 +662,17 @@ def test_hand_built_archs_keep_their_meaning() -> None:
     assert small == dataclasses.replace(small, family="llama")  # provenance, not shape
     gptj = ModelArch("gptj-6b", 28, 4096, 16, 16, 16384, 50400, 256, gated_mlp=False)
     assert gptj.layer_params == 4 * 4096 * 4096 + 2 * 4096 * 16384 + 2 * 4096
+
+
+def test_hand_built_moe_and_mla_shapes_must_agree() -> None:
+    v3 = ModelArch.from_hf_config("v3", PUBLISHED["deepseek-v3"].config())
+    with pytest.raises(InvalidModelArch) as err:
+        dataclasses.replace(v3, head_dim=128)  # MLA's query/key heads are 128 + 64 wide
+    assert err.value.field == "head_dim"
+    assert v3.moe is not None
+    with pytest.raises(InvalidModelArch) as err:
+        dataclasses.replace(v3, moe=dataclasses.replace(v3.moe, n_moe_layers=62))
+    assert err.value.field == "n_moe_layers"
+    with pytest.raises(InvalidModelArch) as err:
+        dataclasses.replace(v3.moe, experts_per_token=257)
+    assert err.value.field == "experts_per_token"

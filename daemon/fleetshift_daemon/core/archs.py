@@ -141,6 +141,15 @@ class ModelArch:
         for name, low in (("norm_vectors", 0), ("norms_per_layer", 0), ("learned_positions", 0)):
             _check_int("", name, getattr(self, name), low)
         _check_int("", "embed_dim", self.embed_dim, 0)
+        if self.mla is not None and (self.head_dim, self.n_kv_heads) != (
+            self.mla.qk_head_dim,
+            self.n_heads,
+        ):
+            raise InvalidModelArch(
+                "with MLA, head_dim is qk_nope_head_dim + qk_rope_head_dim "
+                f"({self.mla.qk_head_dim}) and every head is a KV head ({self.n_heads})",
+                field="head_dim",
+            )
         if self.moe is not None and self.moe.n_moe_layers > self.n_layers:
             raise InvalidModelArch(
                 f"{self.moe.n_moe_layers} MoE layers in a {self.n_layers}-layer model",
