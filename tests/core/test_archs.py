@@ -9,8 +9,9 @@ config on torch's meta device, which allocates no memory.
 Published sizes, all including the embeddings: the Llama-2 paper's 7B and 70B (Hugging Face
 counts 6.74B, 68.98B); Mistral-7B 7.24B; Mixtral-8x7B 46.7B total; Qwen2-7B 7.62B;
 Qwen1.5-MoE-A2.7B 14.3B; Gemma-7B 8.54B; Phi-2 2.78B; Phi-3-mini 3.82B; GPT-2 124M and GPT-2 XL
-1558M (OpenAI's release names; the paper's 117M / 1542M were miscounts); GPT-NeoX-20B 20.6B; GPT-J-6B 6.05B; OPT-6.7B 6.66B; Falcon-7B 6.92B; BLOOM-560m 559M and
-BLOOM-176B 176B; DeepSeek-V2 236B, V2-Lite 15.7B, V3 671B (V3's model card: the 685B on
+1558M (the sizes OpenAI's released checkpoints are named by, where the paper said 117M and
+1542M); GPT-NeoX-20B 20.6B; GPT-J-6B 6.05B; OPT-6.7B 6.66B; Falcon-7B 6.92B; BLOOM-560m 559M
+and BLOOM-176B 176B; DeepSeek-V2 236B, V2-Lite 15.7B, V3 671B (V3's model card: the 685B on
 Hugging Face is 671B of main model plus the 14B multi-token-prediction module, which is not
 part of the served model and which ``transformers`` does not build either).
 
