@@ -59,9 +59,10 @@ class _Keys:
             )
         return value
 
-    def _missing(self, key: str) -> InvalidModelArch:
+    def _missing(self, key: str, aliases: tuple[str, ...] = ()) -> InvalidModelArch:
+        spelled = f"{key} (or {', '.join(aliases)})" if aliases else key
         return InvalidModelArch(
-            f"{self.family} config lacks {key}, and its default is not certain for this model",
+            f"{self.family} config lacks {spelled}, and its default is not certain for this model",
             field=key,
         )
 
@@ -69,7 +70,7 @@ class _Keys:
         """A required integer: missing, null or out of range is refused."""
         value = self._value(key, aliases)
         if value is None:
-            raise self._missing(key)
+            raise self._missing(key, aliases)
         return self._int(key, value, minimum)
 
     def size_or(self, key: str, default: int, *aliases: str) -> int:
@@ -213,19 +214,21 @@ def _qwen2(k: _Keys) -> Fields:
     }
 
 
-def _qwen2_moe(k: _Keys) -> Fields:
-    fields = _rotary_decoder(k, kv_heads="required")
-    n_layers = fields["n_layers"]
-    n_experts = k.size("num_experts")
+def _qwen_sparse_layers(k: _Keys, n_layers: int) -> int:
+    """Qwen2/3-MoE decoder layers: sparse where not in mlp_only_layers and (i + 1) % step == 0."""
     step = k.size_or("decoder_sparse_step", 1)
     dense_only = set(k.int_list("mlp_only_layers"))
-    # Qwen2MoeDecoderLayer: sparse where not in mlp_only_layers and (i + 1) % step == 0.
-    sparse = sum(1 for i in range(n_layers) if i not in dense_only and (i + 1) % step == 0)
+    return sum(1 for i in range(n_layers) if i not in dense_only and (i + 1) % step == 0)
+
+
+def _qwen2_moe(k: _Keys) -> Fields:
+    fields = _rotary_decoder(k, kv_heads="required")
+    n_experts = k.size("num_experts")
     fields["moe"] = MoeSpec(
         n_experts=n_experts,
         experts_per_token=k.top_k(n_experts),
         expert_intermediate=k.size("moe_intermediate_size"),
-        n_moe_layers=sparse,
+        n_moe_layers=_qwen_sparse_layers(k, fields["n_layers"]),
         n_shared_experts=1,
         shared_intermediate=k.size("shared_expert_intermediate_size"),
         shared_expert_gate=True,
@@ -242,6 +245,40 @@ def _gemma(k: _Keys) -> Fields:
     fields["head_dim"] = k.size("head_dim")
     bias = k.flag("attention_bias", False)
     fields.update(qkv_bias=bias, o_bias=bias, tied_embeddings=k.flag("tie_word_embeddings", True))
+    return fields
+
+
+def _gemma2(k: _Keys) -> Fields:
+    # Gemma2DecoderLayer adds a norm before and after the MLP to Gemma's two.
+    return {**_gemma(k), "norms_per_layer": 4}
+
+
+def _qwen3(k: _Keys) -> Fields:
+    # Qwen3Attention: an RMSNorm over each query and key head, biases per attention_bias.
+    # Qwen3Config's head_dim defaults to 128, not hidden / heads (Qwen3-0.6B: 1024 / 16 heads
+    # of 128), so the key is required.
+    fields = _rotary_decoder(k, kv_heads="required", head_dim_key=False)
+    fields["head_dim"] = k.size("head_dim")
+    bias = k.flag("attention_bias", False)
+    fields.update(qkv_bias=bias, o_bias=bias, qk_norm=True)
+    fields["tied_embeddings"] = k.flag("tie_word_embeddings", False)
+    return fields
+
+
+def _qwen3_moe(k: _Keys) -> Fields:
+    # Qwen3MoeAttention reads head_dim where given, else hidden / heads; sparse layers as in
+    # Qwen2-MoE, with no shared expert.
+    fields = _rotary_decoder(k, kv_heads="required")
+    bias = k.flag("attention_bias", False)
+    fields.update(qkv_bias=bias, o_bias=bias, qk_norm=True)
+    n_experts = k.size("num_local_experts", "num_experts")
+    fields["moe"] = MoeSpec(
+        n_experts=n_experts,
+        experts_per_token=k.top_k(n_experts),
+        expert_intermediate=k.size("moe_intermediate_size"),
+        n_moe_layers=_qwen_sparse_layers(k, fields["n_layers"]),
+    )
+    fields["tied_embeddings"] = k.flag("tie_word_embeddings", False)
     return fields
 
 
@@ -463,6 +500,9 @@ FAMILIES: dict[str, Callable[[_Keys], Fields]] = {
     "qwen2": _qwen2,
     "qwen2_moe": _qwen2_moe,
     "gemma": _gemma,
+    "gemma2": _gemma2,
+    "qwen3": _qwen3,
+    "qwen3_moe": _qwen3_moe,
     "phi": _phi,
     "phi3": _phi3,
     "gpt2": _gpt2,
