@@ -12,9 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
 import transformers
 
+from fleetshift_agent.engine.config import ModelConfig as EngineModelConfig
+from fleetshift_agent.engine.model import LlamaModel
 from fleetshift_common.config import ModelConfig
+from fleetshift_daemon.core.archs import ModelArch
 from fleetshift_daemon.models import model_arch
 
 MIXTRAL_8X7B = {
@@ -78,3 +83,22 @@ def test_a_model_directory_reads_as_the_mixture_of_experts_it_is(tmp_path: Path)
     assert arch.name == "mixtral" and arch.family == "mixtral"
     assert arch.moe is not None and arch.moe.n_experts == 8
     assert arch.param_count() == 46_702_792_704  # Hugging Face's count of Mixtral-8x7B
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_daemon_counts_the_reference_engines_model_as_the_engine_builds_it(
+    tied: bool,
+) -> None:
+    cfg = EngineModelConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
+    with torch.device("meta"):
+        engine = LlamaModel(cfg)
+    built = sum(p.numel() for p in engine.parameters())
+    assert ModelArch.from_hf_config("ref", cfg.to_hf()).param_count() == built
