@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleetshift_common.errors import InvalidArgument
@@ -28,7 +28,12 @@ from fleetshift_daemon.core.archs import ModelArch
 from fleetshift_daemon.core.corrections import CorrectionTable, Phase
 from fleetshift_daemon.core.errors import UnsupportedDeployment
 from fleetshift_daemon.core.gpus import GpuKind
-from fleetshift_daemon.core.perf_factors import EfficiencyFactors, KindFactors, shipped_factors
+from fleetshift_daemon.core.perf_factors import (
+    CalibrationKey,
+    EfficiencyFactors,
+    KindFactors,
+    shipped_factors,
+)
 
 __all__ = [
     "Deployment",
@@ -194,19 +199,39 @@ def _raw_coefficients(dep: Deployment, kf: KindFactors, reserve: float) -> PerfC
 
 
 class PerfModel:
-    """Predicted prefill and decode-step times of a deployment, corrected online."""
+    """Predicted prefill and decode-step times of a deployment, corrected online.
+
+    ``factors`` are per GPU kind and transferable: hardware properties that hold for any model.
+    ``calibrations`` are factors fitted on one model's measurements on one GPU kind, keyed by
+    (model name, GPU kind name); where one exists it takes precedence, because a profile of the
+    model itself beats a transfer from another model.
+    """
 
     def __init__(
         self,
         factors: EfficiencyFactors | None = None,
         corrections: CorrectionTable | None = None,
+        calibrations: Mapping[CalibrationKey, KindFactors] | None = None,
     ) -> None:
         self.factors = factors or shipped_factors()
         self.corrections = corrections
+        self.calibrations: Mapping[CalibrationKey, KindFactors] = dict(calibrations or {})
         self._coeff = functools.lru_cache(maxsize=4096)(self._coefficients_uncached)
 
+    def factors_for(self, dep: Deployment) -> KindFactors:
+        """The deployment's own calibration if it has one, else its GPU kind's factors."""
+        own = self.calibrations.get((dep.arch.name, dep.gpu.name))
+        return own if own is not None else self.factors.for_kind(dep.gpu.name)
+
+    def is_measured(self, dep: Deployment) -> bool:
+        """True when this (model, GPU kind) was fitted on measurements of that model there.
+
+        False means its times are predicted from hardware figures and transferable factors.
+        """
+        return (dep.arch.name, dep.gpu.name) in self.calibrations
+
     def _coefficients_uncached(self, dep: Deployment, reserve: float) -> PerfCoefficients:
-        return _raw_coefficients(dep, self.factors.for_kind(dep.gpu.name), reserve)
+        return _raw_coefficients(dep, self.factors_for(dep), reserve)
 
     def coefficients(self, dep: Deployment, reserve_fraction: float = 0.1) -> PerfCoefficients:
         """Cached per deployment; raises ``UnsupportedDeployment`` for what cannot run."""
