@@ -39,9 +39,13 @@ def test_shipped_factors_meet_the_error_target(perf_csv: Path) -> None:
 def test_h200_borrows_h100_factors_and_unknown_kinds_get_a_prior() -> None:
     f = shipped_factors()
     assert f.for_kind("H200-SXM") == f.for_kind("H100-SXM")
-    prior = f.for_kind("L40S")
+    # L40S (Ada) takes the nearest measured kind's factors: A100's (see perf_factors)
     assert not f.is_calibrated("L40S")
-    assert 0 < prior.compute_eff <= 1 and prior.compute_scale == 1.0
+    assert f.for_kind("L40S") == f.for_kind("A100-SXM-80GB")
+    assert f.source_of("L40S") == "A100-SXM-80GB" and f.source_of("MI300X") == "mean"
+    prior = f.for_kind("MI300X")
+    assert not f.is_calibrated("MI300X")
+    assert 0 < prior.gemm_eff <= 1 and prior.compute_scale == 1.0
 
 
 def test_calibrations_are_keyed_by_model_and_measured_kind(perf_csv: Path) -> None:
