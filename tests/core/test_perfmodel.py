@@ -211,3 +211,31 @@ def test_factors_round_trip_through_plain_numbers_and_bad_ones_are_named() -> No
     with pytest.raises(FleetShiftError) as exc:
         KindFactors.from_mapping({**kf.to_dict(), "warp_speed": 1.0})
     assert exc.value.field == "warp_speed"
+
+
+def test_a_mixture_of_experts_computes_with_its_active_parameters_and_stores_all() -> None:
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class RoutedHalf(ModelArch):
+        """Llama-2-70B's shapes, but each token multiplied through half its linear weights,
+        and a cache of a quarter of its KV (as an MoE and an MLA-style latent would say)."""
+
+        def active_param_count(self) -> int:
+            linear = self.param_count() - self.embedding_params - self.hidden
+            return self.param_count() - linear // 2
+
+        def kv_cache_elems_per_token(self) -> int:
+            return super().kv_cache_elems_per_token() // 4
+
+    dense = llama2_70b()
+    moe = RoutedHalf(**{f: getattr(dense, f) for f in dense.__dataclass_fields__})
+    m = PerfModel()
+    d_dep, m_dep = Deployment(dense, H100_SXM, 8), Deployment(moe, H100_SXM, 8)
+    assert m.weight_bytes(m_dep) == m.weight_bytes(d_dep)  # every expert is in memory
+    assert m.kv_bytes_per_token(m_dep) == m.kv_bytes_per_token(d_dep) // 4
+    dense_c, moe_c = m.coefficients(d_dep), m.coefficients(m_dep)
+    # the per-token GEMM work halves; the engine's and the link's share does not
+    assert 0.5 * dense_c.p_tok < moe_c.p_tok < 0.8 * dense_c.p_tok
+    assert moe_c.d0 == dense_c.d0  # a decode step still streams every weight
+    assert m.prefill_time_s(m_dep, [4096]) < 0.85 * m.prefill_time_s(d_dep, [4096])
