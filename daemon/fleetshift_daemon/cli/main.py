@@ -288,9 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         from fleetshift_daemon.sim.cli import main as simulate
 
         return int(simulate(argv[1:]) or 0)
-    if argv[:1] == [
-        "calibration"
-    ]:  # fleetshift calibration --fit A.csv:a.json --check B.csv:b.json
+    if argv[:1] == ["calibration"]:  # fleetshift calibration --fit A:a.json --check B:b.json
         from fleetshift_daemon.cli.calibration import main as calibration
 
         return calibration(argv[1:])
