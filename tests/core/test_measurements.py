@@ -91,3 +91,23 @@ def test_every_required_column_is_named_when_missing(tmp_path: Path) -> None:
         with pytest.raises(InvalidArgument) as exc:
             load_measurements(path)
         assert exc.value.field == column
+
+
+def test_a_cpu_profile_takes_the_peaks_its_sidecar_measured(tmp_path: Path) -> None:
+    import json
+
+    path = write(tmp_path, "m,cpu-amd-epyc,128,1,64,100,10,1")
+    nominal = load_measurements(path)[0].kind
+    assert nominal.name == "cpu-amd-epyc" and nominal.bf16_tflops == 0.333  # CPU_HOST's
+    path.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "host": {"measured_peaks": {"matmul_tflops": 0.09, "copy_gbps": 24.0}},
+                "worker": {"dtype": "float32"},
+            }
+        )
+    )
+    kind = load_measurements(path)[0].kind
+    # an FP32 worker runs at half bf16_tflops in the model: the measured FP32 rate, doubled
+    assert kind.name == "cpu-amd-epyc" and kind.bf16_tflops == 0.18
+    assert kind.hbm_tbps == 0.024 and kind.nvlink_gbps == 0.0

@@ -57,6 +57,7 @@ __all__ = [
     "fit",
     "fit_calibrations",
     "fit_errors",
+    "fit_group",
     "fit_rows",
     "load_measurements",
     "predict",
@@ -177,6 +178,22 @@ def fit_rows(rows: Sequence[Row]) -> EfficiencyFactors:
         assert best is not None
         per_kind.update(best[1])
     return EfficiencyFactors(per_kind=per_kind, aliases=dict(SHIPPED_ALIASES))
+
+
+def fit_group(
+    group: str,
+    members: Sequence[str],
+    data: Sequence[Measurement],
+    arch: ModelArch,
+    dtype: Dtype = Dtype.BF16,
+) -> dict[str, KindFactors]:
+    """Factors of the kinds ``members`` (a kind, or one with its capped variant) on ``data``.
+
+    Kept for callers of the per-group fit (fs-12c's per-(model, kind) calibration): ``group``
+    names the base kind, as before; the grouping itself follows ``CAPPED``.
+    """
+    rows = [Row(m, arch, dtype) for m in data if m.kind.name in members]
+    return dict(fit_rows(rows).per_kind)
 
 
 def fit(

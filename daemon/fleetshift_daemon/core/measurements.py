@@ -7,14 +7,17 @@ does not depend on how many tokens follow). Every refusal names the file, the li
 column, because an operator's own profile is what gets fed in here.
 
 Hardware names are the reference table's (``a100-80gb``, ``h100-80gb``, ``h100-80gb-pcap``),
-any catalogue kind's own name (``H200-SXM``), or ``cpu`` for a profile of the reference engine
-on this machine's CPU, which is labelled as such and never as a GPU kind.
+any catalogue kind's own name (``H200-SXM``), or ``cpu``/``cpu-<model>`` for a profile of the
+reference engine on a CPU, which is labelled as such and never as a GPU kind. A CPU profile
+written by ``fleetshift profile`` has a JSON sidecar beside it (``OUT.json``) with the peaks it
+measured on that host; those are the CPU kind's figures, else ``CPU_HOST``'s nominal ones.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
 import statistics
 from collections import defaultdict
@@ -92,10 +95,41 @@ class Measurement:
     phase: Phase
     seconds: float  # median over repeats
     model: str = ""  # the file's model column, as written
+    measured_on: GpuKind | None = None  # a kind not in the catalogue (a CPU's measured peaks)
 
     @property
     def kind(self) -> GpuKind:
-        return hardware_kind(self.hardware)
+        return self.measured_on or hardware_kind(self.hardware)
+
+
+def cpu_kind(hardware: str, sidecar: Path) -> GpuKind:
+    """The CPU a profile ran on, from the peaks its sidecar says were measured there.
+
+    ``host.measured_peaks``: ``matmul_tflops`` (in the worker's dtype) and ``copy_gbps``. The
+    model runs an FP32 worker at half the kind's ``bf16_tflops`` and counts its 4-byte values,
+    so an FP32 matmul rate is doubled into that field and the copy rate taken as measured.
+    Without a readable sidecar: ``CPU_HOST``'s nominal figures under the profile's name.
+    """
+    name = CPU_HOST.name if hardware == "cpu" else hardware
+    try:
+        data = json.loads(sidecar.read_text())
+        host = data["host"]
+        peaks = host["measured_peaks"]
+        tflops, copy_gbps = float(peaks["matmul_tflops"]), float(peaks["copy_gbps"])
+        memory = float(host.get("memory_gb", CPU_HOST.hbm_gb))
+        fp32 = str(data.get("worker", {}).get("dtype", "float32")) == "float32"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return dataclasses.replace(CPU_HOST, name=name)
+    if not (math.isfinite(tflops) and tflops > 0 and math.isfinite(copy_gbps) and copy_gbps > 0):
+        return dataclasses.replace(CPU_HOST, name=name)
+    return dataclasses.replace(
+        CPU_HOST,
+        name=name,
+        bf16_tflops=tflops * (2 if fp32 else 1),
+        int8_tops=tflops * 2,
+        hbm_tbps=copy_gbps / 1e3,
+        hbm_gb=memory,
+    )
 
 
 def _int_field(row: Mapping[str, str], key: str, where: str) -> int:
@@ -129,6 +163,7 @@ def load_measurements(path: Path) -> list[Measurement]:
     prefill: dict[tuple[str, int, int, int], list[float]] = defaultdict(list)
     decode: dict[tuple[str, int, int, int, int], list[float]] = defaultdict(list)
     models: set[str] = set()
+    kinds: dict[str, GpuKind] = {}  # CPUs, which no catalogue holds
     try:
         fh = path.open(newline="")
     except OSError as err:
@@ -141,7 +176,10 @@ def load_measurements(path: Path) -> list[Measurement]:
         for line, row in enumerate(reader, start=2):
             where = f"{path}:{line}"
             hw = (row.get("hardware") or "").strip()
-            hardware_kind(hw, where)
+            if hw.lower().startswith("cpu"):
+                kinds.setdefault(hw, cpu_kind(hw, path.with_suffix(".json")))
+            else:
+                hardware_kind(hw, where)
             models.add((row.get("model") or "").strip())
             tp, p, b, t = (
                 _int_field(row, k, where)
@@ -155,11 +193,11 @@ def load_measurements(path: Path) -> list[Measurement]:
         raise InvalidArgument(f"{path}: one model per file, found {sorted(models)}", field="model")
     model = models.pop()
     out = [
-        Measurement(hw, tp, p, b, 0, Phase.PREFILL, statistics.median(v), model)
+        Measurement(hw, tp, p, b, 0, Phase.PREFILL, statistics.median(v), model, kinds.get(hw))
         for (hw, tp, p, b), v in sorted(prefill.items())
     ]
     out += [
-        Measurement(hw, tp, p, b, t, Phase.DECODE, statistics.median(v), model)
+        Measurement(hw, tp, p, b, t, Phase.DECODE, statistics.median(v), model, kinds.get(hw))
         for (hw, tp, p, b, t), v in sorted(decode.items())
     ]
     return out
