@@ -116,9 +116,12 @@ def test_decode_prefers_bandwidth_and_prefill_prefers_compute() -> None:
     p100, p200, pa = (m.prefill_time_s(d, [2048]) for d in (h100, h200, a100))
     assert abs(p200 / p100 - 1) < 0.05
     assert pa > 1.8 * p100
-    # Decode of a large batch streams weights + KV: H200's 4.8 TB/s beats H100's 3.35.
-    d100 = m.decode_step_time_s(h100, 64, 64 * 2048)
-    d200 = m.decode_step_time_s(h200, 64, 64 * 2048)
+    # Decode where streaming weights + KV is most of the step (TP 2: 69 GB of weights per
+    # GPU, a batch that fills H100's KV space): H200's 4.8 TB/s beats H100's 3.35.
+    h100_2, h200_2 = Deployment(arch, H100_SXM, 2), Deployment(arch, H200_SXM, 2)
+    assert m.kv_capacity_tokens(h100_2) >= 16 * 2048
+    d100 = m.decode_step_time_s(h100_2, 16, 16 * 2048)
+    d200 = m.decode_step_time_s(h200_2, 16, 16 * 2048)
     assert d200 < 0.9 * d100
 
 
@@ -129,8 +132,11 @@ def test_times_grow_with_work_and_dtype_changes_rates() -> None:
     # same tokens, one long sequence costs more attention than several short ones
     assert m.prefill_time_s(dep, [8192]) > m.prefill_time_s(dep, [1024] * 8)
     assert m.decode_step_time_s(dep, 32, 32_000) > m.decode_step_time_s(dep, 1, 1000)
-    fp8 = Deployment(arch, H100_SXM, 4, Dtype.FP8)
-    int4 = Deployment(arch, H100_SXM, 4, Dtype.INT4_W)
+    # dtypes at TP 2, where the GEMMs are most of a pass (at TP 4 the engine's fixed and
+    # per-token costs, which no dtype changes, are a third of it)
+    dep = Deployment(arch, H100_SXM, 2)
+    fp8 = Deployment(arch, H100_SXM, 2, Dtype.FP8)
+    int4 = Deployment(arch, H100_SXM, 2, Dtype.INT4_W)
     assert m.prefill_time_s(fp8, [4096]) < 0.7 * m.prefill_time_s(dep, [4096])
     # INT4 weight-only computes at BF16 rate but streams a quarter of the weight bytes
     assert m.prefill_time_s(int4, [4096]) == pytest.approx(m.prefill_time_s(dep, [4096]), 0.1)
@@ -171,3 +177,66 @@ def test_worker_measurements_correct_the_model_per_kind_and_phase() -> None:
     )
     factor = m.record_prefill(dep, [1000, 2000], observed_s=10.0)
     assert 1.0 < factor <= 2.0
+
+
+def test_a_calibration_of_the_model_on_its_kind_takes_precedence_and_says_measured() -> None:
+    from dataclasses import replace
+
+    from fleetshift_daemon.core.perf_factors import shipped_factors
+
+    arch = llama2_70b()
+    h100, a100 = Deployment(arch, H100_SXM, 4), Deployment(arch, A100_SXM_80GB, 4)
+    slower = replace(shipped_factors().for_kind("H100-SXM"), bw_eff=0.35)
+    m = PerfModel(calibrations={(arch.name, "H100-SXM"): slower})
+    base = PerfModel()
+    assert m.is_measured(h100) and not m.is_measured(a100)
+    assert not base.is_measured(h100)
+    assert m.factors_for(h100) == slower
+    assert m.decode_step_time_s(h100, 1, 1000) > 1.2 * base.decode_step_time_s(h100, 1, 1000)
+    # another model on the same kind, and the same model on another kind, are untouched
+    other = Deployment(replace(arch, name="llama2-70b-copy"), H100_SXM, 4)
+    assert not m.is_measured(other)
+    assert m.decode_step_time_s(other, 1, 1000) == base.decode_step_time_s(h100, 1, 1000)
+    assert m.decode_step_time_s(a100, 1, 1000) == base.decode_step_time_s(a100, 1, 1000)
+
+
+def test_factors_round_trip_through_plain_numbers_and_bad_ones_are_named() -> None:
+    from fleetshift_daemon.core.perf_factors import KindFactors, shipped_factors
+
+    kf = shipped_factors().for_kind("A100-SXM-80GB")
+    assert KindFactors.from_mapping(kf.to_dict()) == kf
+    bad = {**kf.to_dict(), "bw_eff": "fast"}
+    with pytest.raises(FleetShiftError) as exc:
+        KindFactors.from_mapping(bad)
+    assert exc.value.field == "bw_eff"
+    with pytest.raises(FleetShiftError) as exc:
+        KindFactors.from_mapping({**kf.to_dict(), "warp_speed": 1.0})
+    assert exc.value.field == "warp_speed"
+
+
+def test_a_mixture_of_experts_computes_with_its_active_parameters_and_stores_all() -> None:
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class RoutedHalf(ModelArch):
+        """Llama-2-70B's shapes, but each token multiplied through half its linear weights,
+        and a cache of a quarter of its KV (as an MoE and an MLA-style latent would say)."""
+
+        def active_param_count(self) -> int:
+            linear = self.param_count() - self.embedding_params - self.hidden
+            return self.param_count() - linear // 2
+
+        def kv_cache_elems_per_token(self) -> int:
+            return super().kv_cache_elems_per_token() // 4
+
+    dense = llama2_70b()
+    moe = RoutedHalf(**{f: getattr(dense, f) for f in dense.__dataclass_fields__})
+    m = PerfModel()
+    d_dep, m_dep = Deployment(dense, H100_SXM, 8), Deployment(moe, H100_SXM, 8)
+    assert m.weight_bytes(m_dep) == m.weight_bytes(d_dep)  # every expert is in memory
+    assert m.kv_bytes_per_token(m_dep) == m.kv_bytes_per_token(d_dep) // 4
+    dense_c, moe_c = m.coefficients(d_dep), m.coefficients(m_dep)
+    # the per-token GEMM work halves; the engine's and the link's share does not
+    assert 0.5 * dense_c.p_tok < moe_c.p_tok < 0.8 * dense_c.p_tok
+    assert moe_c.d0 == dense_c.d0  # a decode step still streams every weight
+    assert m.prefill_time_s(m_dep, [4096]) < 0.85 * m.prefill_time_s(d_dep, [4096])

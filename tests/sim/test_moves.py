@@ -62,8 +62,9 @@ def test_a_stopped_then_started_instance_serves_nothing_until_its_start_is_paid(
 
 
 def test_fleetshift_moves_only_after_the_gap_held_and_pays_the_plans_cost() -> None:
-    light = synthetic_trace(1800, 3.0, prompt_tokens=200, output_tokens=800, seed=1)
-    heavy = synthetic_trace(9000, 10.0, prompt_tokens=200, output_tokens=800, seed=2)
+    # light: one TP-8 instance's work (~480 decode tokens/s); heavy: more than one serves
+    light = synthetic_trace(1800, 0.6, prompt_tokens=200, output_tokens=800, seed=1)
+    heavy = synthetic_trace(9000, 2.0, prompt_tokens=200, output_tokens=800, seed=2)
     shift_at = light.duration_s + 0.3
     trace = Trace(
         np.concatenate([light.arrival_s, heavy.arrival_s + shift_at]),

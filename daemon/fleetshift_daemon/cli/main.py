@@ -227,6 +227,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "simulate", help="replay a trace on a simulated fleet: fleetshift simulate --help"
     )
+    sub.add_parser("calibration", help="fit the performance model on profiles, check another")
     cordon = sub.add_parser("cordon", help="stop placing work on a node")
     cordon.add_argument("node")
     cordon.add_argument("--reason", default="")
@@ -287,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         from fleetshift_daemon.sim.cli import main as simulate
 
         return int(simulate(argv[1:]) or 0)
+    if argv[:1] == ["calibration"]:  # fleetshift calibration --fit A:a.json --check B:b.json
+        from fleetshift_daemon.cli.calibration import main as calibration
+
+        return calibration(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return int(args.run(args))

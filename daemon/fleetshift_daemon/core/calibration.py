@@ -1,15 +1,19 @@
-"""Fit the performance model's efficiency factors on measured inference times.
+"""Fit the performance model's factors on measured inference times, and check a fit.
 
-The reference measurements (Splitwise, Llama-2-70B on DGX-A100 / DGX-H100 / power-capped
-DGX-H100 at TP 2, 4, 8) are the only ground truth the model has, so the factors of each GPU
-kind are fitted on them by least squares on the log of predicted/measured time (relative
-error, so a 50 ms step weighs as much as a 5 s prefill), with a soft-L1 loss so the file's
-few anomalous rows (e.g. TP2 batch-64 prefill, faster than batch 32) cannot drag the fit.
+Each GPU kind's factors are fitted by least squares on the log of predicted/measured time
+(relative error, so a 30 ms step weighs as much as a 5 s prefill), with a soft-L1 loss so a
+few odd rows cannot drag the fit, inside the factors' physical bounds
+(``perf_factors.FACTOR_BOUNDS``). Configurations whose run did not hold its batch are set
+aside first (``measurements.inconsistent``). The long-pass threshold is a kink least squares
+cannot move, so it is chosen from ``LONG_PASS_GRID`` on the fitting data.
 
-The power-capped H100 is modelled as H100 with a single extra factor, ``compute_scale``
-(clocks kept under the cap): its decode times equal H100's and its prefill is uniformly slower,
-which is what a compute cap on a bandwidth-bound decode predicts. H100 and its capped variant
-are fitted jointly, sharing every other factor.
+Rows of several models (each with its architecture) can be fitted together: the factors are
+hardware and engine properties, so one set per kind must describe every model measured there.
+
+The power-capped H100 is H100 with one extra factor, ``compute_scale``: its decode times equal
+H100's and every prefill pass is uniformly slower, which is what a cap on the clock of a
+power-hungry, compute-bound pass and a bandwidth-bound decode predicts. The two are fitted
+jointly, sharing every other factor.
 
 Refit and print the constants for ``perf_factors.SHIPPED_FACTORS``::
 
@@ -19,7 +23,6 @@ Refit and print the constants for ``perf_factors.SHIPPED_FACTORS``::
 
 from __future__ import annotations
 
-import csv
 import math
 import statistics
 import sys
@@ -31,84 +34,72 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares  # type: ignore[import-untyped]
 
-from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.core.corrections import Phase
-from fleetshift_daemon.core.gpus import A100_SXM_80GB, H100_SXM, H100_SXM_PCAP70, GpuKind
-from fleetshift_daemon.core.perf_factors import EfficiencyFactors, KindFactors
-from fleetshift_daemon.core.perfmodel import Deployment, ModelArch, PerfModel, llama2_70b
-
-# hardware column of the reference file -> (kind modelled, kind whose factors it shares)
-HARDWARE_KINDS: dict[str, GpuKind] = {
-    "a100-80gb": A100_SXM_80GB,
-    "h100-80gb": H100_SXM,
-    "h100-80gb-pcap": H100_SXM_PCAP70,
-}
-_FIT_GROUPS: dict[str, tuple[str, ...]] = {
-    "A100-SXM-80GB": ("A100-SXM-80GB",),
-    "H100-SXM": ("H100-SXM", "H100-SXM-PCAP70"),
-}
-_CAPPED = {"H100-SXM-PCAP70": "H100-SXM"}
-
-# name, lower bound, upper bound, initial value
-_PARAMS: tuple[tuple[str, float, float, float], ...] = (
-    ("compute_eff", 0.05, 0.8, 0.5),  # the file has no TP=1: cap MFU at a plausible 80 %
-    ("tp_scaling", 0.0, 1.0, 0.2),
-    ("bw_eff", 0.2, 1.0, 0.7),
-    ("comm_eff", 0.005, 1.0, 0.3),
-    ("allreduce_latency_s", 0.0, 5e-4, 3e-5),
-    ("prefill_overhead_s", 0.0, 0.2, 0.01),
-    ("decode_overhead_s", 0.0, 0.2, 0.005),
-    ("knee_slowdown", 0.0, 2.0, 0.3),
+from fleetshift_daemon.core.measurements import (
+    HARDWARE_KINDS,
+    Measurement,
+    load_measurements,
+    screened,
 )
-# The knee is a kink: least squares cannot move it, so it is chosen from a grid.
-KNEE_GRID: tuple[float, ...] = (1024.0, 1536.0, 2048.0, 3072.0, 4096.0, 6144.0)
+from fleetshift_daemon.core.perf_factors import (
+    FACTOR_BOUNDS,
+    SHIPPED_ALIASES,
+    CalibrationKey,
+    EfficiencyFactors,
+    KindFactors,
+)
+from fleetshift_daemon.core.perfmodel import Deployment, Dtype, ModelArch, PerfModel, llama2_70b
+
+__all__ = [
+    "HARDWARE_KINDS",
+    "FitError",
+    "Measurement",
+    "fit",
+    "fit_calibrations",
+    "fit_errors",
+    "fit_group",
+    "fit_rows",
+    "load_measurements",
+    "predict",
+]
+
+# kind -> the kind whose factors it shares, differing only in compute_scale
+CAPPED: dict[str, str] = {"H100-SXM-PCAP70": "H100-SXM"}
+FITTED = (
+    "gemm_eff",
+    "bw_eff",
+    "link_latency_s",
+    "link_eff",
+    "step_overhead_s",
+    "seq_overhead_s",
+    "prefill_seq_overhead_s",
+    "long_pass_token_s",
+)
+# where a fit starts: mid-range fractions, times of the order a serving stack shows
+START: dict[str, float] = {
+    "gemm_eff": 0.6,
+    "bw_eff": 0.8,
+    "link_latency_s": 3e-6,
+    "link_eff": 0.5,
+    "step_overhead_s": 0.01,
+    "seq_overhead_s": 1e-4,
+    "prefill_seq_overhead_s": 1e-3,
+    "long_pass_token_s": 5e-5,
+}
+LONG_PASS_GRID: tuple[float, ...] = (1024.0, 1536.0, 2048.0, 3072.0, 4096.0)
 
 
 @dataclass(frozen=True)
-class Measurement:
-    hardware: str
-    tp: int
-    prompt_size: int
-    batch_size: int
-    token_size: int
-    phase: Phase
-    seconds: float  # median over repeats
+class Row:
+    """One measurement with the model and dtype it was taken on."""
 
-    @property
-    def kind(self) -> GpuKind:
-        return HARDWARE_KINDS[self.hardware]
+    m: Measurement
+    arch: ModelArch
+    dtype: Dtype = Dtype.BF16
 
 
-def load_measurements(path: Path) -> list[Measurement]:
-    """Medians per configuration: prefill keyed without token_size (it does not depend on it)."""
-    prefill: dict[tuple[str, int, int, int], list[float]] = defaultdict(list)
-    decode: dict[tuple[str, int, int, int, int], list[float]] = defaultdict(list)
-    with path.open(newline="") as fh:
-        for i, row in enumerate(csv.DictReader(fh), start=2):
-            hw = row["hardware"]
-            if hw not in HARDWARE_KINDS:
-                raise InvalidArgument(f"{path}:{i}: unknown hardware {hw!r}", field="hardware")
-            tp, p, b, t = (
-                int(row["tensor_parallel"]),
-                int(row["prompt_size"]),
-                int(row["batch_size"]),
-                int(row["token_size"]),
-            )
-            prefill[(hw, tp, p, b)].append(float(row["prompt_time"]) / 1e3)
-            decode[(hw, tp, p, b, t)].append(float(row["token_time"]) / 1e3)
-    out = [
-        Measurement(hw, tp, p, b, 0, Phase.PREFILL, statistics.median(v))
-        for (hw, tp, p, b), v in sorted(prefill.items())
-    ]
-    out += [
-        Measurement(hw, tp, p, b, t, Phase.DECODE, statistics.median(v))
-        for (hw, tp, p, b, t), v in sorted(decode.items())
-    ]
-    return out
-
-
-def predict(model: PerfModel, arch: ModelArch, m: Measurement) -> float:
-    dep = Deployment(arch=arch, gpu=m.kind, tp=m.tp)
+def predict(model: PerfModel, arch: ModelArch, m: Measurement, dtype: Dtype = Dtype.BF16) -> float:
+    dep = Deployment(arch=arch, gpu=m.kind, tp=m.tp, dtype=dtype)
     if m.phase is Phase.PREFILL:
         return model.prefill_time_s(dep, [m.prompt_size] * m.batch_size)
     # token_time is the mean step over the generation: mean context is prompt + half the output
@@ -116,61 +107,110 @@ def predict(model: PerfModel, arch: ModelArch, m: Measurement) -> float:
     return model.decode_step_time_s(dep, m.batch_size, ctx)
 
 
-def _factors_from_vector(x: Sequence[float], cap: float | None, knee: float) -> KindFactors:
-    values = {name: float(v) for (name, *_), v in zip(_PARAMS, x, strict=True)}
-    return KindFactors(**values, compute_scale=1.0 if cap is None else cap, knee_tokens=knee)
+def _groups(rows: Sequence[Row]) -> dict[str, list[str]]:
+    """Fitting groups: each measured kind alone, a capped kind with the kind it caps."""
+    kinds = sorted({r.m.kind.name for r in rows})
+    groups: dict[str, list[str]] = {}
+    for k in kinds:
+        base = CAPPED.get(k, k)
+        if base in kinds or base == k:
+            groups.setdefault(base, []).append(k)
+        else:  # a capped kind measured without its base: fitted as a kind of its own
+            groups.setdefault(k, []).append(k)
+    return groups
 
 
-def fit_group(
-    group: str, members: tuple[str, ...], data: Sequence[Measurement], arch: ModelArch
-) -> dict[str, KindFactors]:
-    best: tuple[float, dict[str, KindFactors]] | None = None
-    for knee in KNEE_GRID:
-        cost, factors = _fit_group_at(group, members, data, arch, knee)
-        if best is None or cost < best[0]:
-            best = (cost, factors)
-    assert best is not None
-    return best[1]
+def _kind_factors(x: Sequence[float], knee: float, scale: float = 1.0) -> KindFactors:
+    values = {name: float(v) for name, v in zip(FITTED, x, strict=True)}
+    return KindFactors(**values, long_pass_tokens=knee, compute_scale=scale)
 
 
-def _fit_group_at(
-    group: str,
-    members: tuple[str, ...],
-    data: Sequence[Measurement],
-    arch: ModelArch,
-    knee: float,
+def _fit_group(
+    base: str, members: Sequence[str], rows: Sequence[Row], knee: float, start: Sequence[float]
 ) -> tuple[float, dict[str, KindFactors]]:
-    rows = [m for m in data if m.kind.name in members]
-    capped = [k for k in members if k in _CAPPED]
-    lo = [p[1] for p in _PARAMS] + [0.3] * len(capped)
-    hi = [p[2] for p in _PARAMS] + [1.0] * len(capped)
-    x0 = [p[3] for p in _PARAMS] + [0.8] * len(capped)
-    measured = np.log(np.array([m.seconds for m in rows]))
+    capped = [k for k in members if k != base]
+    lo = [FACTOR_BOUNDS[n][0] for n in FITTED] + [FACTOR_BOUNDS["compute_scale"][0]] * len(capped)
+    hi = [FACTOR_BOUNDS[n][1] for n in FITTED] + [1.0] * len(capped)
+    x0 = np.clip(np.array(list(start) + [0.8] * len(capped)), lo, hi)
+    measured = np.log(np.array([r.m.seconds for r in rows]))
 
     def build(x: np.ndarray) -> dict[str, KindFactors]:
-        base = list(x[: len(_PARAMS)])
-        out = {group: _factors_from_vector(base, None, knee)}
+        base_x = list(x[: len(FITTED)])
+        out = {base: _kind_factors(base_x, knee)}
         for i, name in enumerate(capped):
-            out[name] = _factors_from_vector(base, float(x[len(_PARAMS) + i]), knee)
+            out[name] = _kind_factors(base_x, knee, float(x[len(FITTED) + i]))
         return out
 
     def residuals(x: np.ndarray) -> np.ndarray:
         model = PerfModel(EfficiencyFactors(per_kind=build(x)))
-        pred = np.array([predict(model, arch, m) for m in rows])
-        return np.asarray(np.log(pred) - measured)
+        pred = [predict(model, r.arch, r.m, r.dtype) for r in rows]
+        return np.asarray(np.log(np.array(pred)) - measured)
 
     result = least_squares(
-        residuals, np.array(x0), bounds=(np.array(lo), np.array(hi)), loss="soft_l1", f_scale=0.02
+        residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.02, x_scale="jac"
     )
     return float(result.cost), build(np.asarray(result.x))
 
 
-def fit(data: Sequence[Measurement], arch: ModelArch | None = None) -> EfficiencyFactors:
-    arch = arch or llama2_70b()
+def _screened_rows(rows: Sequence[Row]) -> list[Row]:
+    """``rows`` without the configurations that did not hold their batch, model by model."""
+    out: list[Row] = []
+    for name in dict.fromkeys(r.arch.name for r in rows):
+        mine = [r for r in rows if r.arch.name == name]
+        keep = set(map(id, screened([r.m for r in mine])[0]))
+        out += [r for r in mine if id(r.m) in keep]
+    return out
+
+
+def fit_rows(rows: Sequence[Row]) -> EfficiencyFactors:
+    """Factors per measured kind fitted on ``rows`` (any mix of models), inconsistent set aside."""
+    by_m = _screened_rows(rows)
     per_kind: dict[str, KindFactors] = {}
-    for group, members in _FIT_GROUPS.items():
-        per_kind.update(fit_group(group, members, data, arch))
-    return EfficiencyFactors(per_kind=per_kind, aliases={"H200-SXM": "H100-SXM"})
+    for base, members in _groups(by_m).items():
+        group_rows = [r for r in by_m if r.m.kind.name in members]
+        starts = ([START[n] for n in FITTED], [sum(FACTOR_BOUNDS[n]) / 2 for n in FITTED])
+        best: tuple[float, dict[str, KindFactors]] | None = None
+        for knee in LONG_PASS_GRID:
+            for start in starts:
+                cost, factors = _fit_group(base, members, group_rows, knee, start)
+                if best is None or cost < best[0]:
+                    best = (cost, factors)
+        assert best is not None
+        per_kind.update(best[1])
+    return EfficiencyFactors(per_kind=per_kind, aliases=dict(SHIPPED_ALIASES))
+
+
+def fit_group(
+    group: str,
+    members: Sequence[str],
+    data: Sequence[Measurement],
+    arch: ModelArch,
+    dtype: Dtype = Dtype.BF16,
+) -> dict[str, KindFactors]:
+    """Factors of the kinds ``members`` (a kind, or one with its capped variant) on ``data``.
+
+    Kept for callers of the per-group fit (fs-12c's per-(model, kind) calibration): ``group``
+    names the base kind, as before; the grouping itself follows ``CAPPED``.
+    """
+    rows = [Row(m, arch, dtype) for m in data if m.kind.name in members]
+    return dict(fit_rows(rows).per_kind)
+
+
+def fit(
+    data: Sequence[Measurement], arch: ModelArch | None = None, dtype: Dtype = Dtype.BF16
+) -> EfficiencyFactors:
+    """Factors per kind fitted on one model's measurements (Llama-2-70B when not given)."""
+    arch = arch or llama2_70b()
+    return fit_rows([Row(m, arch, dtype) for m in data])
+
+
+def fit_calibrations(
+    data: Sequence[Measurement], arch: ModelArch, dtype: Dtype = Dtype.BF16
+) -> dict[CalibrationKey, KindFactors]:
+    """Factors fitted on one model's measurements, keyed (model, GPU kind) for ``PerfModel``."""
+    measured = {m.kind.name for m in data}
+    factors = fit(data, arch, dtype)
+    return {(arch.name, kind): kf for kind, kf in factors.per_kind.items() if kind in measured}
 
 
 @dataclass(frozen=True)
@@ -181,22 +221,51 @@ class FitError:
     median_abs_pct: float
     p90_abs_pct: float
     max_abs_pct: float
+    median_bias_pct: float = 0.0  # signed: > 0 predicts slower than measured
+
+
+def summarize(errors: Mapping[tuple[str, Phase], Sequence[float]]) -> list[FitError]:
+    """Signed % errors per (kind, phase) -> median, p90, max of |error| and the median bias."""
+    out = []
+    for (k, ph), signed in sorted(errors.items(), key=lambda kv: (kv[0][0], kv[0][1].value)):
+        v = [abs(e) for e in signed]
+        out.append(
+            FitError(
+                k,
+                ph,
+                len(v),
+                statistics.median(v),
+                float(np.percentile(v, 90)),
+                max(v),
+                statistics.median(signed),
+            )
+        )
+    return out
+
+
+def signed_errors(model: PerfModel, rows: Iterable[Row]) -> dict[tuple[str, Phase], list[float]]:
+    errs: dict[tuple[str, Phase], list[float]] = defaultdict(list)
+    for r in rows:
+        pct = (predict(model, r.arch, r.m, r.dtype) / r.m.seconds - 1.0) * 100.0
+        errs[(r.m.kind.name, r.m.phase)].append(pct)
+    return errs
 
 
 def fit_errors(
-    factors: EfficiencyFactors, data: Iterable[Measurement], arch: ModelArch | None = None
+    factors: EfficiencyFactors,
+    data: Iterable[Measurement],
+    arch: ModelArch | None = None,
+    calibrations: Mapping[CalibrationKey, KindFactors] | None = None,
+    dtype: Dtype = Dtype.BF16,
 ) -> list[FitError]:
-    """Median (and max) absolute % error of predicted vs measured, per GPU kind and phase."""
+    """Median, p90 and max absolute % error and the signed median bias, per kind and phase.
+
+    Configurations that did not hold their batch (``measurements.inconsistent``) are left out.
+    """
     arch = arch or llama2_70b()
-    model = PerfModel(factors)
-    errs: dict[tuple[str, Phase], list[float]] = defaultdict(list)
-    for m in data:
-        err = abs(predict(model, arch, m) / m.seconds - 1.0) * 100.0
-        errs[(m.kind.name, m.phase)].append(err)
-    return [
-        FitError(k, ph, len(v), statistics.median(v), float(np.percentile(v, 90)), max(v))
-        for (k, ph), v in sorted(errs.items(), key=lambda kv: (kv[0][0], kv[0][1].value))
-    ]
+    kept, _ = screened(list(data))
+    model = PerfModel(factors, calibrations=calibrations)
+    return summarize(signed_errors(model, [Row(m, arch, dtype) for m in kept]))
 
 
 def format_factors(per_kind: Mapping[str, KindFactors]) -> str:
@@ -205,13 +274,24 @@ def format_factors(per_kind: Mapping[str, KindFactors]) -> str:
         lines.append(f'    "{name}": KindFactors(')
         for f in fields(KindFactors):
             value = getattr(kf, f.name)
-            value = 0.0 if abs(value) < 1e-9 else value
+            value = 0.0 if abs(value) < 1e-12 else value
             if f.name == "compute_scale" and value == 1.0:
                 continue
             lines.append(f"        {f.name}={float(f'{value:.4g}')!r},")
         lines.append("    ),")
     lines.append("}")
     return "\n".join(lines)
+
+
+def at_bounds(kf: KindFactors) -> list[str]:
+    """Fitted factors that ended within 0.1 % of the bound range of a physical bound."""
+    out = []
+    for name in FITTED:
+        lo, hi = FACTOR_BOUNDS[name]
+        value = getattr(kf, name)
+        if min(value - lo, hi - value) < 1e-3 * (hi - lo):
+            out.append(name)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -223,12 +303,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     factors = fit(data)
     print(format_factors(factors.per_kind))
     print()
-    for e in fit_errors(factors, data):
+    errors = fit_errors(factors, data)
+    for e in errors:
         print(
             f"{e.kind:18s} {e.phase.value:8s} n={e.n:3d} median |err| {e.median_abs_pct:5.1f}% "
-            f"p90 {e.p90_abs_pct:5.1f}% max {e.max_abs_pct:6.1f}%"
+            f"p90 {e.p90_abs_pct:5.1f}% bias {e.median_bias_pct:+5.1f}% max {e.max_abs_pct:6.1f}%"
         )
-    return 0 if all(not math.isnan(e.median_abs_pct) for e in fit_errors(factors, data)) else 1
+    for kind, kf in factors.per_kind.items():
+        print(f"{kind}: at a bound: {', '.join(at_bounds(kf)) or 'none'}")
+    return 0 if all(not math.isnan(e.median_abs_pct) for e in errors) else 1
 
 
 if __name__ == "__main__":

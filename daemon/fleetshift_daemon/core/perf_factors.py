@@ -1,45 +1,100 @@
-"""The few efficiency factors that turn datasheet figures into measured step times.
+"""The factors that turn datasheet figures into measured step times, each a physical quantity.
 
-A GPU never reaches its datasheet peak; how far it falls short depends on the kind, the phase
-and the serving stack. Rather than tabulate times, the model keeps a handful of factors per
-GPU kind, fitted on real measurements (see ``calibration.py``), so that it extrapolates to
-models, batch shapes and GPU kinds that were never measured (H200 borrows H100's factors with
-its own bandwidth and memory; an uncalibrated kind gets the mean of the calibrated ones).
+A GPU never reaches its datasheet peak, and a serving stack adds time of its own. Rather than
+tabulate times, the model keeps a handful of factors per GPU kind, fitted on measurements
+(``calibration.py``), so that it extrapolates to models, batch shapes and GPU kinds that were
+never measured. Each factor is a property of the hardware or of the engine, not of one model:
+
+- how close GEMMs come to the dense tensor peak (``gemm_eff``; the shape dependence, tile
+  padding of every matrix dimension, is geometry: ``perfmodel.TILE_PAD``), and HBM streaming
+  to its bandwidth (``bw_eff``);
+- per all-reduce over the TP group's link (NVLink in a node): a latency per ring hop and the
+  fraction of the link's one-direction bandwidth reached;
+- the engine's fixed time per step (launches, scheduling), per sequence in a decode step
+  (sampling, bookkeeping) and per sequence in a prefill pass; none scales with model size;
+- the measured stacks' slowdown once one prefill pass holds more than ``long_pass_tokens``
+  tokens (Splitwise: from 2-4k tokens on, on every kind and TP), as seconds per token beyond;
+- ``compute_scale``: the clock a power cap leaves in power-hungry prefill passes (1 = none).
+
+Every factor has physical bounds (``FACTOR_BOUNDS``); a fit that ends on one is reported.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import MISSING as MISSING_DEFAULT
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from fleetshift_common.errors import InvalidArgument
+
+# (model name, GPU kind name): what a per-model calibration is fitted for and looked up by.
+CalibrationKey = tuple[str, str]
+
+# factor -> (lower, upper) bound: fractions of a peak lie in (0, 1]; times are non-negative and
+# below what any measured stack shows by an order of magnitude.
+FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
+    "gemm_eff": (0.02, 1.0),
+    "bw_eff": (0.2, 1.0),
+    "link_latency_s": (0.0, 1e-4),
+    "link_eff": (0.02, 1.0),
+    "step_overhead_s": (0.0, 0.2),
+    "seq_overhead_s": (0.0, 0.005),
+    "prefill_seq_overhead_s": (0.0, 0.1),
+    "long_pass_token_s": (0.0, 1e-3),
+    "long_pass_tokens": (0.0, 65536.0),
+    "compute_scale": (0.3, 1.0),
+}
 
 
 @dataclass(frozen=True)
 class KindFactors:
-    compute_eff: float  # fraction of dense peak the GEMMs reach at TP=1
-    tp_scaling: float  # gamma: compute efficiency at TP t is compute_eff * t**-gamma
+    gemm_eff: float  # fraction of dense tensor peak reached by large (unpadded) GEMMs
     bw_eff: float  # fraction of HBM bandwidth reached streaming weights and KV
-    comm_eff: float  # fraction of one-direction link bandwidth an all-reduce reaches
-    allreduce_latency_s: float  # fixed cost of one all-reduce per log2(TP) step
-    prefill_overhead_s: float  # fixed cost of one prefill pass (launches, scheduling)
-    decode_overhead_s: float  # fixed cost of one decode step
-    compute_scale: float = 1.0  # clocks kept under a power cap (1.0 = uncapped)
-    # Measured stacks slow down per token once one prefill pass exceeds a few thousand tokens
-    # (the Splitwise data: ~0.07 ms/token up to 2k tokens on H100 TP8, ~0.10 beyond): GEMM
-    # work past knee_tokens costs (1 + knee_slowdown) times as much. 0 = no knee.
-    knee_tokens: float = 0.0
-    knee_slowdown: float = 0.0
+    link_latency_s: float  # per ring hop of an all-reduce (2 (t-1) hops each)
+    link_eff: float  # fraction of one-direction link bandwidth an all-reduce reaches
+    step_overhead_s: float  # engine time per step (prefill pass or decode step), any model
+    seq_overhead_s: float  # engine time per sequence in a decode step
+    prefill_seq_overhead_s: float = 0.0  # engine time per sequence in a prefill pass
+    long_pass_token_s: float = 0.0  # extra seconds per token of a pass beyond long_pass_tokens
+    long_pass_tokens: float = 0.0  # 0: no long-pass slowdown
+    compute_scale: float = 1.0  # prefill clock under a power cap (1.0 = uncapped)
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not math.isfinite(value) or value < 0:
-                raise InvalidArgument(f"{f.name} must be finite and >= 0", field=f.name)
-        for name in ("compute_eff", "bw_eff", "comm_eff", "compute_scale"):
-            if not 0 < getattr(self, name) <= 1.0:
-                raise InvalidArgument(f"{name} must be in (0, 1]", field=name)
+            lo, hi = FACTOR_BOUNDS[f.name]
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidArgument(f"{f.name} must be a number", field=f.name)
+            if not math.isfinite(value) or not lo <= value <= hi:
+                raise InvalidArgument(f"{f.name} must be in [{lo:g}, {hi:g}]", field=f.name)
+        for name in ("gemm_eff", "bw_eff", "link_eff", "compute_scale"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be > 0", field=name)
+
+    def to_dict(self) -> dict[str, float]:
+        """Plain numbers by factor name, for storing a calibration as JSON (never pickle)."""
+        return {f.name: float(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], where: str = "factors") -> KindFactors:
+        """The inverse of ``to_dict``; an unknown, missing or non-numeric key is named."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise InvalidArgument(f"{where}.{unknown[0]}: unknown factor", field=unknown[0])
+        values: dict[str, float] = {}
+        for f in fields(cls):
+            if f.name not in data:
+                if f.default is not MISSING_DEFAULT:
+                    continue
+                raise InvalidArgument(f"{where}.{f.name} is required", field=f.name)
+            raw = data[f.name]
+            if isinstance(raw, bool) or not isinstance(raw, int | float):
+                raise InvalidArgument(f"{where}.{f.name} must be a number", field=f.name)
+            values[f.name] = float(raw)
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -61,6 +116,15 @@ class EfficiencyFactors:
     def is_calibrated(self, kind_name: str) -> bool:
         return kind_name in self.per_kind
 
+    def source_of(self, kind_name: str) -> str:
+        """Which measured kind's factors ``for_kind`` returns, or "mean" for the prior."""
+        if kind_name in self.per_kind:
+            return kind_name
+        alias = self.aliases.get(kind_name)
+        if alias is not None and alias in self.per_kind:
+            return alias
+        return "fallback" if self.fallback is not None else "mean"
+
 
 def mean_factors(items: tuple[KindFactors, ...]) -> KindFactors:
     """Geometric mean of each factor (uncapped): the prior for a GPU kind never measured."""
@@ -71,54 +135,59 @@ def mean_factors(items: tuple[KindFactors, ...]) -> KindFactors:
         xs = [max(getattr(k, f.name), 1e-12) for k in items]
         values[f.name] = math.exp(sum(math.log(x) for x in xs) / len(xs))
     values["compute_scale"] = 1.0
-    if any(k.knee_tokens == 0 for k in items):
-        values["knee_tokens"] = values["knee_slowdown"] = 0.0
+    if any(k.long_pass_tokens == 0 for k in items):
+        values["long_pass_tokens"] = values["long_pass_token_s"] = 0.0
     return KindFactors(**values)
 
 
-# Fitted on /work/shared/reference/splitwise_perf_llama2_70b.csv (Llama-2-70B fp16, medians of
-# ~5 repeats per configuration). Refit with:
+# Fitted on all of /work/shared/reference/splitwise_perf_llama2_70b.csv (Llama-2-70B fp16 on
+# DGX-A100, DGX-H100 and the power-capped DGX-H100 at TP 2, 4, 8; medians of ~5 repeats; the
+# three TP-2 batch-64 configurations set aside as not holding their batch). Tested on: the
+# same table in-sample, and by bench/perf_holdout.py on held-out TP and batch ranges with
+# refits on the rest (docs/bench-perfmodel.md). Regenerate this block with
 #   .venv/bin/python -m fleetshift_daemon.core.calibration \
 #       ../shared/reference/splitwise_perf_llama2_70b.csv
-# which prints this block. "H100-SXM-PCAP70" is the power-capped H100 of that file: H100's
-# factors with a fitted compute_scale (decode is bandwidth-bound and did not slow down).
 SHIPPED_FACTORS: dict[str, KindFactors] = {
     "A100-SXM-80GB": KindFactors(
-        compute_eff=0.8,
-        tp_scaling=0.2376,
-        bw_eff=0.9499,
-        comm_eff=1.0,
-        allreduce_latency_s=5.185e-05,
-        prefill_overhead_s=0.0,
-        decode_overhead_s=0.01076,
-        knee_tokens=3072.0,
-        knee_slowdown=0.683,
+        gemm_eff=0.7557,
+        bw_eff=0.9216,
+        link_latency_s=8.284e-06,
+        link_eff=0.5416,
+        step_overhead_s=0.01681,
+        seq_overhead_s=0.000151,
+        prefill_seq_overhead_s=0.01255,
+        long_pass_token_s=0.0001058,
+        long_pass_tokens=2048.0,
     ),
     "H100-SXM": KindFactors(
-        compute_eff=0.8,
-        tp_scaling=0.4161,
-        bw_eff=0.7045,
-        comm_eff=1.0,
-        allreduce_latency_s=4.83e-05,
-        prefill_overhead_s=0.0,
-        decode_overhead_s=0.0,
-        knee_tokens=2048.0,
-        knee_slowdown=0.3464,
+        gemm_eff=0.647,
+        bw_eff=1.0,
+        link_latency_s=4.673e-06,
+        link_eff=0.4456,
+        step_overhead_s=0.01447,
+        seq_overhead_s=0.0002272,
+        prefill_seq_overhead_s=0.00301,
+        long_pass_token_s=3.716e-05,
+        long_pass_tokens=1536.0,
     ),
     "H100-SXM-PCAP70": KindFactors(
-        compute_eff=0.8,
-        tp_scaling=0.4161,
-        bw_eff=0.7045,
-        comm_eff=1.0,
-        allreduce_latency_s=4.83e-05,
-        prefill_overhead_s=0.0,
-        decode_overhead_s=0.0,
-        compute_scale=0.7549,
-        knee_tokens=2048.0,
-        knee_slowdown=0.3464,
+        gemm_eff=0.647,
+        bw_eff=1.0,
+        link_latency_s=4.673e-06,
+        link_eff=0.4456,
+        step_overhead_s=0.01447,
+        seq_overhead_s=0.0002272,
+        prefill_seq_overhead_s=0.00301,
+        long_pass_token_s=3.716e-05,
+        long_pass_tokens=1536.0,
+        compute_scale=0.7623,
     ),
 }
-SHIPPED_ALIASES: dict[str, str] = {"H200-SXM": "H100-SXM"}
+# H200 is a Hopper GPU with H100's tensor cores, clocks, NVLink 4 and HGX host: it takes
+# H100's factors, with its own (datasheet) HBM size and bandwidth. L40S is Ada: its tensor
+# cores are programmed like Ampere's (no wgmma/TMA, which Hopper needs to reach its peak), so
+# it takes A100's; its PCIe link was never measured, so its link factors are NVLink's.
+SHIPPED_ALIASES: dict[str, str] = {"H200-SXM": "H100-SXM", "L40S": "A100-SXM-80GB"}
 
 
 def shipped_factors() -> EfficiencyFactors:

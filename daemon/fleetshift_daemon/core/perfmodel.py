@@ -2,14 +2,25 @@
 
 Placement needs to compare GPU kinds the fleet has never run a given model on, so the model is
 analytic: FLOPs and bytes come from the architecture, rates from the datasheet, and a few
-fitted efficiency factors (``perf_factors``) close the gap to measured times.
+factors that are properties of the hardware and the engine (``perf_factors``) close the gap to
+measured times. Per step on a TP group of t GPUs:
 
-- Prefill is compute-bound: dense GEMM FLOPs (2 x params x tokens) plus attention's quadratic
-  term over the TP group's dense peak, plus streaming the weights once, plus two all-reduces
-  per layer over the TP interconnect, plus a fixed overhead.
-- A decode step is bound by memory bandwidth: weights/TP plus the KV cache read, over HBM
-  bandwidth, plus the batch's compute, plus the same all-reduces (latency-dominated) and a
-  fixed overhead. Both terms are summed, not maxed: small-batch decode does not overlap them.
+- GEMMs: every matrix dimension (tokens M, and each weight's dims after TP sharding) is padded
+  by ``TILE_PAD`` (tensor-core tiles), so a GEMM costs ``2 (M+s)(N+s)(K+s)`` FLOPs at
+  ``gemm_eff`` x peak: efficiency is a function of the shapes, low for a decode step's few
+  rows or a TP-8 shard's narrow matrices, near ``gemm_eff`` for a long prefill. FLOPs use the
+  model's active parameters (a mixture of experts multiplies each token through its routed
+  experts only); bytes use all of them.
+- Attention: prefill's causal QK^T and AV as padded GEMMs per query head; a decode step reads
+  the KV cache (``kv_cache_elems_per_token``, so MLA's latent counts as what it is) and runs
+  one padded query row per sequence against its context.
+- Communication: two all-reduces of the hidden state per layer, ring algorithm: latency per
+  hop and bandwidth per link kind (NVLink within a node, else PCIe).
+- Engine: a fixed time per step, per decode sequence and per prefill sequence; none scales
+  with model size.
+- Prefill is compute-bound (weights stream under the GEMMs: the larger of the two counts); a
+  decode step streams the weights once and adds each sequence's compute on top (small-batch
+  decode does not overlap them).
 
 Every time is ``a + b * x + ...`` in a few features of the batch, so ``coefficients()`` caches
 those per deployment and routing/planning evaluate a time with a handful of multiplications.
@@ -20,7 +31,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleetshift_common.errors import InvalidArgument
@@ -28,7 +39,12 @@ from fleetshift_daemon.core.archs import ModelArch
 from fleetshift_daemon.core.corrections import CorrectionTable, Phase
 from fleetshift_daemon.core.errors import UnsupportedDeployment
 from fleetshift_daemon.core.gpus import GpuKind
-from fleetshift_daemon.core.perf_factors import EfficiencyFactors, KindFactors, shipped_factors
+from fleetshift_daemon.core.perf_factors import (
+    CalibrationKey,
+    EfficiencyFactors,
+    KindFactors,
+    shipped_factors,
+)
 
 __all__ = [
     "Deployment",
@@ -40,18 +56,28 @@ __all__ = [
     "llama2_70b",
 ]
 
-KV_BYTES_PER_VALUE = 2  # KV cache kept in BF16 whatever the weight dtype
 EMBED_BYTES_PER_PARAM = 2  # embeddings and LM head stay BF16 under FP8 / INT4 weights
+# Matrix dimensions are padded by this many rows/columns on average: tensor-core kernels work
+# in tiles (16-256 wide), so a decode step's 1-64 rows, a head's 128 dims or a TP shard's
+# narrow matrix cost more than their FLOPs. Fixed geometry, not fitted: with one model at
+# three TP degrees a free padding is not identifiable apart from the GEMM efficiency.
+TILE_PAD = 32.0
 
 
 class Dtype(enum.Enum):
     BF16 = "bf16"
     FP8 = "fp8"
     INT4_W = "int4_w"  # INT4 weight-only: weights are 0.5 byte, compute runs at BF16
+    FP32 = "fp32"  # e.g. the reference engine on a CPU: weights and KV 4 bytes, half BF16 rate
 
     @property
     def bytes_per_weight(self) -> float:
-        return {Dtype.BF16: 2.0, Dtype.FP8: 1.0, Dtype.INT4_W: 0.5}[self]
+        return {Dtype.BF16: 2.0, Dtype.FP8: 1.0, Dtype.INT4_W: 0.5, Dtype.FP32: 4.0}[self]
+
+    @property
+    def kv_bytes_per_value(self) -> int:
+        """KV cache kept in BF16 whatever the weight dtype, except a full-FP32 model's."""
+        return 4 if self is Dtype.FP32 else 2
 
 
 def llama2_70b() -> ModelArch:
@@ -80,8 +106,12 @@ class PerfCoefficients:
     """Times as linear functions of batch features (seconds), corrections not applied.
 
     prefill(lengths) = p0 + p_tok * sum(L) + p_sq * sum(L^2) + p_seq * len(lengths)
-                       + p_knee * max(0, sum(L) - knee_tokens)
+                       + p_knee * max(0, sum(L) - knee_tokens),   at least p_min
     decode(batch, ctx) = d0 + d_seq * batch + d_ctx * ctx
+
+    ``p_min`` is the roofline's floor: no pass is quicker than streaming the weights once. It
+    binds only for passes of a few dozen tokens, so the linear terms alone are close enough
+    for a closed form (the planner's batch sizing) wherever a pass is worth sizing.
     """
 
     p0: float
@@ -95,12 +125,13 @@ class PerfCoefficients:
     kv_bytes_per_token: int
     knee_tokens: float = math.inf
     p_knee: float = 0.0
+    p_min: float = 0.0
 
     def prefill_s(self, total_tokens: float, sum_sq: float, n_seqs: float) -> float:
         t = self.p0 + self.p_tok * total_tokens + self.p_sq * sum_sq + self.p_seq * n_seqs
         if total_tokens > self.knee_tokens:
             t += self.p_knee * (total_tokens - self.knee_tokens)
-        return t
+        return max(t, self.p_min)
 
     def decode_s(self, batch: float, context_tokens: float) -> float:
         return self.d0 + self.d_seq * batch + self.d_ctx * context_tokens
@@ -125,16 +156,20 @@ def _validate(dep: Deployment) -> None:
 
 
 def _weight_bytes(dep: Deployment) -> int:
+    """All parameters (every expert of a mixture) at the weight dtype; embeddings at BF16."""
     arch = dep.arch
-    linear = arch.n_layers * arch.layer_params
-    other = arch.param_count() - linear
+    other = arch.embedding_params + arch.hidden
+    linear = arch.param_count() - other
     return int(linear * dep.dtype.bytes_per_weight + other * EMBED_BYTES_PER_PARAM)
 
 
 def _kv_bytes_per_token(dep: Deployment, physical: bool) -> int:
+    """KV bytes one token caches; ``physical``: with KV heads replicated when tp > their count."""
     arch = dep.arch
-    heads = max(arch.n_kv_heads, dep.tp) if physical else arch.n_kv_heads
-    return 2 * arch.n_layers * heads * arch.head_dim * KV_BYTES_PER_VALUE
+    elems = arch.n_layers * arch.kv_cache_elems_per_token() * dep.dtype.kv_bytes_per_value
+    if physical and dep.tp > arch.n_kv_heads:
+        return elems * dep.tp // arch.n_kv_heads
+    return elems
 
 
 def _kv_capacity(dep: Deployment, reserve_fraction: float) -> int:
@@ -149,64 +184,132 @@ def _kv_capacity(dep: Deployment, reserve_fraction: float) -> int:
     return int(free // _kv_bytes_per_token(dep, physical=True))
 
 
+def _bf16_flops(dep: Deployment) -> float:
+    """Peak of the attention matmuls, which run at the activations' precision."""
+    peak = dep.gpu.bf16_tflops * 1e12
+    return peak / 2 if dep.dtype is Dtype.FP32 else peak
+
+
 def _peak_flops(dep: Deployment) -> float:
     if dep.dtype is Dtype.FP8:
         assert dep.gpu.fp8_tflops is not None
         return dep.gpu.fp8_tflops * 1e12
-    return dep.gpu.bf16_tflops * 1e12
+    return _bf16_flops(dep)
+
+
+def _layer_gemms(arch: ModelArch, tp: int) -> list[tuple[float, float, float]]:
+    """(N, K, unsharded N*K) of one layer's weight matrices on one GPU of the TP group.
+
+    QKV and the MLP's up (and gate) projections are split by columns, the attention output
+    and MLP down projections by rows (Megatron): TP narrows N of the first, K of the second.
+    """
+    qkv = (arch.n_heads + 2 * arch.n_kv_heads) * arch.head_dim
+    up = (2 if arch.gated_mlp else 1) * arch.intermediate
+    h, a, i = arch.hidden, arch.attn_dim, arch.intermediate
+    return [
+        (qkv / tp, h, qkv * h),
+        (h, a / tp, h * a),
+        (up / tp, h, up * h),
+        (h, i / tp, h * i),
+    ]
+
+
+def _padded_gemm_flops(arch: ModelArch, tp: int) -> tuple[float, float]:
+    """Padded linear-layer FLOPs of a pass of M tokens on one GPU: ``a0 + a1 * M``.
+
+    Scaled from the dense shapes to ``active_param_count()``: a mixture of experts multiplies
+    each token through its routed experts only.
+    """
+    s = TILE_PAD
+    gemms = _layer_gemms(arch, tp)
+    dense = arch.n_layers * sum(nk for _, _, nk in gemms)
+    active = arch.active_param_count() - arch.embedding_params - arch.hidden
+    per_token = arch.n_layers * sum(2 * (n + s) * (k + s) for n, k, _ in gemms)
+    per_token *= active / dense
+    return per_token * s, per_token
+
+
+def _comm(dep: Deployment, kf: KindFactors) -> tuple[float, float]:
+    """(latency per step, seconds per token) of the 2 all-reduces per layer (ring)."""
+    tp = dep.tp
+    if tp == 1:
+        return 0.0, 0.0
+    arch = dep.arch
+    n_allreduce = 2 * arch.n_layers
+    link = dep.gpu.interconnect_gbps * 1e9 / 2 * kf.link_eff  # one direction
+    act_bytes = dep.dtype.kv_bytes_per_value  # activations travel at BF16 (FP32 on FP32)
+    per_token = n_allreduce * 2 * (tp - 1) / tp * arch.hidden * act_bytes / link
+    latency = n_allreduce * 2 * (tp - 1) * kf.link_latency_s
+    return latency, per_token
 
 
 def _raw_coefficients(dep: Deployment, kf: KindFactors, reserve: float) -> PerfCoefficients:
     _validate(dep)
-    arch, gpu, tp = dep.arch, dep.gpu, dep.tp
+    arch, gpu, tp, s = dep.arch, dep.gpu, dep.tp, TILE_PAD
     kv_cap = _kv_capacity(dep, reserve)
-    compute_rate = (
-        _peak_flops(dep) * tp * kf.compute_eff * kf.compute_scale * tp ** (-kf.tp_scaling)
-    )
+    gemm_rate = _peak_flops(dep) * kf.gemm_eff
+    attn_rate = _bf16_flops(dep) * kf.gemm_eff
     mem_rate = gpu.hbm_tbps * 1e12 * tp * kf.bw_eff
-    # An all-reduce of n bytes per GPU: latency per log2(TP) step + ring traffic 2(t-1)/t * n
-    # over one direction of the link (half the bidirectional figure).
-    n_allreduce = 2 * arch.n_layers
-    steps = math.ceil(math.log2(tp)) if tp > 1 else 0
-    link = gpu.interconnect_gbps * 1e9 / 2 * kf.comm_eff
-    ring = 2 * (tp - 1) / tp if tp > 1 else 0.0
-    comm_per_token = n_allreduce * ring * arch.hidden * 2 / link
-    comm_fixed = n_allreduce * steps * kf.allreduce_latency_s
-    gemm_flops_per_token = 2 * arch.n_layers * arch.layer_params
-    lm_head_flops = 2 * arch.hidden * arch.vocab
+    engine = kf.step_overhead_s
+    latency, comm_tok = _comm(dep, kf)
+    g0, g1 = (x / gemm_rate for x in _padded_gemm_flops(arch, tp))
     weights_s = _weight_bytes(dep) / mem_rate
-    kv_read_s_per_token = _kv_bytes_per_token(dep, physical=True) / mem_rate
-    attn_flops_per_ctx = 4 * arch.n_layers * arch.attn_dim  # QK^T and AV for one new token
+    lm_head = 2 * (arch.hidden + s) * (arch.vocab / tp + s) / gemm_rate  # per sequence
+    heads = arch.n_layers * arch.n_heads / tp * (arch.head_dim + s) / attn_rate
+    # causal prefill attention of one sequence of L tokens: 2 (L+s)^2 (d+s) FLOPs per head
+    # and layer, summed: 2 (sum L^2 + 2 s sum L + s^2 n)
+    # a decode step: 4 (1+s)(ctx+s)(d+s) per sequence, plus its KV read
+    slow = kf.compute_scale  # a power cap slows the whole prefill pass, not decode
     return PerfCoefficients(
-        p0=kf.prefill_overhead_s + weights_s + comm_fixed,
-        p_tok=gemm_flops_per_token / compute_rate + comm_per_token,
-        # causal attention over L tokens: 2 * L^2 * attn_dim FLOPs per layer
-        p_sq=2 * arch.n_layers * arch.attn_dim / compute_rate,
-        p_seq=lm_head_flops / compute_rate,
-        d0=kf.decode_overhead_s + weights_s + comm_fixed,
-        d_seq=(gemm_flops_per_token + lm_head_flops) / compute_rate + comm_per_token,
-        d_ctx=kv_read_s_per_token + attn_flops_per_ctx / compute_rate,
+        p0=(engine + latency + g0) / slow,
+        p_tok=(g1 + comm_tok + 4 * s * heads) / slow,
+        p_sq=2 * heads / slow,
+        p_seq=(lm_head + kf.prefill_seq_overhead_s + 2 * s * s * heads) / slow,
+        d0=engine + latency + weights_s,
+        d_seq=g1 + lm_head + comm_tok + kf.seq_overhead_s + 4 * (1 + s) * s * heads,
+        d_ctx=_kv_bytes_per_token(dep, physical=True) / mem_rate + 4 * (1 + s) * heads,
         kv_capacity_tokens=kv_cap,
         kv_bytes_per_token=_kv_bytes_per_token(dep, physical=False),
-        knee_tokens=kf.knee_tokens if kf.knee_slowdown > 0 else math.inf,
-        p_knee=kf.knee_slowdown * gemm_flops_per_token / compute_rate,
+        knee_tokens=kf.long_pass_tokens if kf.long_pass_token_s > 0 else math.inf,
+        p_knee=kf.long_pass_token_s / slow,
+        p_min=(engine + latency + weights_s) / slow,
     )
 
 
 class PerfModel:
-    """Predicted prefill and decode-step times of a deployment, corrected online."""
+    """Predicted prefill and decode-step times of a deployment, corrected online.
+
+    ``factors`` are per GPU kind and transferable: hardware properties that hold for any model.
+    ``calibrations`` are factors fitted on one model's measurements on one GPU kind, keyed by
+    (model name, GPU kind name); where one exists it takes precedence, because a profile of the
+    model itself beats a transfer from another model.
+    """
 
     def __init__(
         self,
         factors: EfficiencyFactors | None = None,
         corrections: CorrectionTable | None = None,
+        calibrations: Mapping[CalibrationKey, KindFactors] | None = None,
     ) -> None:
         self.factors = factors or shipped_factors()
         self.corrections = corrections
+        self.calibrations: Mapping[CalibrationKey, KindFactors] = dict(calibrations or {})
         self._coeff = functools.lru_cache(maxsize=4096)(self._coefficients_uncached)
 
+    def factors_for(self, dep: Deployment) -> KindFactors:
+        """The deployment's own calibration if it has one, else its GPU kind's factors."""
+        own = self.calibrations.get((dep.arch.name, dep.gpu.name))
+        return own if own is not None else self.factors.for_kind(dep.gpu.name)
+
+    def is_measured(self, dep: Deployment) -> bool:
+        """True when this (model, GPU kind) was fitted on measurements of that model there.
+
+        False means its times are predicted from hardware figures and transferable factors.
+        """
+        return (dep.arch.name, dep.gpu.name) in self.calibrations
+
     def _coefficients_uncached(self, dep: Deployment, reserve: float) -> PerfCoefficients:
-        return _raw_coefficients(dep, self.factors.for_kind(dep.gpu.name), reserve)
+        return _raw_coefficients(dep, self.factors_for(dep), reserve)
 
     def coefficients(self, dep: Deployment, reserve_fraction: float = 0.1) -> PerfCoefficients:
         """Cached per deployment; raises ``UnsupportedDeployment`` for what cannot run."""
