@@ -18,6 +18,7 @@ from fleetshift_daemon.sim.trace import (
     TraceFormatError,
     fit_context,
     load_trace,
+    prefix_reuse_tokens,
     shifting_mix,
 )
 
@@ -225,3 +226,18 @@ def test_the_long_context_preset_has_llama2_70bs_shape_and_llama3s_vocabulary() 
     assert DAEMON_PRESETS["llama31-70b"]().vocab == 128256
     fleet = standard_fleet(preset="llama31-70b")
     assert fleet.context_window == 131072 and fleet.arch.name == "llama31-70b"
+
+
+def test_prefix_reuse_counts_the_leading_blocks_seen_before(tmp_path: Path) -> None:
+    path = write_jsonl(
+        tmp_path,
+        '{"timestamp": 0, "input_length": 1500, "output_length": 1, "hash_ids": [0, 1, 2]}\n'
+        '{"timestamp": 1, "input_length": 1200, "output_length": 1, "hash_ids": [0, 1, 9]}\n'
+        '{"timestamp": 2, "input_length": 700, "output_length": 1, "hash_ids": [5, 1]}\n'
+        '{"timestamp": 3, "input_length": 1000, "output_length": 1, "hash_ids": [0, 1]}\n',
+    )
+    # the first is new; the second shares two blocks; the third none (a block in the middle
+    # of another prompt is no prefix); the fourth two blocks, capped at its own prompt
+    assert list(prefix_reuse_tokens(load_trace(path))) == [0, 1024, 0, 1000]
+    with pytest.raises(InvalidArgument, match="hash_ids"):
+        prefix_reuse_tokens(load_trace(AZURE).head(10))

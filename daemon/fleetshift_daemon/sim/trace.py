@@ -386,3 +386,28 @@ def synthetic_trace(
         np.full(n, prompt_tokens, dtype=np.int64),
         np.full(n, output_tokens, dtype=np.int64),
     )
+
+
+def prefix_reuse_tokens(trace: Trace, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> IntArray:
+    """Per request, the prompt tokens an unbounded prefix cache could have served.
+
+    A request reuses the longest run of leading ``hash_ids`` that an earlier request's prompt
+    began with (a prefix trie of block hashes, in arrival order). The simulator does not model
+    a prefix cache; this says how much one could save on a trace that carries the hashes.
+    """
+    if trace.hash_ids is None:
+        raise InvalidArgument("the trace carries no hash_ids", field="hash_ids")
+    children: dict[tuple[int, int], int] = {}
+    reused = np.zeros(len(trace), dtype=np.int64)
+    for i, hashes in enumerate(trace.hash_ids):
+        node, matched, extending = 0, 0, True
+        for h in hashes.tolist():
+            child = children.get((node, h))
+            if child is None:
+                extending = False
+                child = children[(node, h)] = len(children) + 1
+            elif extending:
+                matched += 1
+            node = child
+        reused[i] = min(matched * block_tokens, int(trace.prompt_tokens[i]))
+    return reused
