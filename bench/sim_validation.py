@@ -230,7 +230,7 @@ def cost_cell(get: Callable[[str], dict[str, Any]]) -> tuple[str, bool | None]:
 def goodput_cell(get: Callable[[str], dict[str, Any]]) -> tuple[str, bool | None]:
     best = max(get("ll")["goodput_rps"], get("split")["goodput_rps"])
     ratio = get("fleetshift-all")["goodput_rps"] / best
-    return f"{ratio:.3f}x", ratio >= 1.0
+    return f"{ratio:.4f}x", ratio >= 1.0
 
 
 def oracle_cell(get: Callable[[str], dict[str, Any]]) -> tuple[str, bool | None]:
@@ -292,11 +292,15 @@ def capacity_table(
             f"| {n} | {'tuning' if traces[n].tuning else 'held out'} | "
             f"{cheapest['label'] if cheapest else '-'} {fleet} | {static or float('nan'):.2f} | "
             f"{_fleet(fs['counts']) + ' ' + format(fs['billed_usd_per_hour'], '.2f') if fs and fs['counts'] else 'none passed'} | "
-            f"{r_fs if r_fs is not None else float('nan'):.2f} | "
+            f"{_num(r_fs)} | "
             f"{fsa['usd_per_hour'] if fsa and fsa['usd_per_hour'] else float('nan'):.2f} | "
-            f"{r_fsa if r_fsa is not None else float('nan'):.2f} | {verdict(ok)} |"
+            f"{_num(r_fsa)} | {verdict(ok)} |"
         )
     return lines, tally
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def _ratio(c: dict[str, Any] | None, key: str, static: float | None) -> float | None:
@@ -325,6 +329,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("/tmp/fleetshift-validation"))
     ap.add_argument("--doc", type=Path, help="markdown doc whose results section to rewrite")
+    ap.add_argument(
+        "--render", type=Path, help="no runs: the tables of an earlier run's validation.json"
+    )
     args = ap.parse_args(argv)
     args.names = [n.strip() for n in args.traces.split(",") if n.strip()]
     args.rate_list = [float(r) for r in args.rates.split(",")]
@@ -345,7 +352,7 @@ def commit() -> str:
             check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs"],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -353,13 +360,16 @@ def commit() -> str:
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return sha + (" (with uncommitted changes)" if dirty else "")
+    return sha + (" (with uncommitted changes outside docs/)" if dirty else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        return render(args)
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     started = datetime.datetime.now(datetime.UTC)
+    at_commit = commit()  # what the runs ran, before anything can change
     t0 = time.perf_counter()
     _traces(args.seed, args.minutes * 60.0)  # fail on a bad name before any worker starts
     tasks = [
@@ -382,6 +392,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{len(cap_tasks)} capacity searches", flush=True)
         caps = run_all(cap_tasks, args.jobs, run_capacity)
     wall = time.perf_counter() - t0
+    header = [
+        f"Command: `.venv/bin/python bench/sim_validation.py {argv_text}`".replace("  ", " "),
+        f"({started:%Y-%m-%d %H:%M} UTC, {wall / 60:.1f} min wall on {args.jobs} worker"
+        f" processes, commit {at_commit}).",
+        "",
+    ]
+    return publish(args, header, wall, results, caps)
+
+
+def render(args: argparse.Namespace) -> int:
+    """Tables again from a run's JSON (a presentation change needs no re-run)."""
+    data = json.loads(args.render.read_text())
+    saved = data["args"]
+    args.names, args.rate_list = saved["names"], saved["rate_list"]
+    args.minutes, args.capacity_minutes = saved["minutes"], saved["capacity_minutes"]
+    args.seed, args.jobs = saved["seed"], saved["jobs"]
+    for r in data["runs"]:
+        r["rate"] = float(r["rate"])
+    return publish(args, data["header"], data["wall_s"], data["runs"], data["capacity"])
+
+
+def publish(
+    args: argparse.Namespace,
+    header: list[str],
+    wall: float,
+    results: list[dict[str, Any]],
+    caps: list[dict[str, Any]],
+) -> int:
     runs = by_key(results)
     shifts = [n for n in args.names if n in SHIFT_NAMES]
     md: list[str] = []
@@ -425,11 +463,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         *raw_table(args.names, args.rate_list, runs),
         "",
     ]
-    header = [
-        f"Command: `.venv/bin/python bench/sim_validation.py {argv_text}`".replace("  ", " "),
-        f"({started:%Y-%m-%d %H:%M} UTC, {wall / 60:.1f} min wall on {args.jobs} worker processes, commit {commit()}).",
-        "",
-    ]
     text = "\n".join(header + md)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -437,7 +470,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / "validation.json").write_text(
         json.dumps(
             {
-                "args": {k: v for k, v in vars(args).items() if k not in ("out", "doc")},
+                "header": header,
+                "args": {k: v for k, v in vars(args).items() if k not in ("out", "doc", "render")},
                 "wall_s": wall,
                 "tallies": tallies,
                 "runs": results,
