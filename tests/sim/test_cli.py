@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.core.errors import UnsupportedDeployment
 from fleetshift_daemon.sim.cli import main
 from fleetshift_daemon.sim.fleet import load_fleet
@@ -190,3 +191,16 @@ def test_simulate_builds_synthetic_arrivals_and_service_shifts(
     assert main(["--trace", str(small_trace), "--context-window", "lots", *common]) == 2
     assert main(["--trace", str(small_trace), "--arrivals", "poisson", "--fleet", "x.toml",
                  "--model", "llama31-70b"]) == 2  # fmt: skip
+
+
+def test_fleet_file_names_the_long_context_model_and_its_window(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    body = '[model]\npreset = "llama31-70b"\n{extra}\n[[nodes]]\ngpu = "H200-SXM"\n'
+    path.write_text(body.format(extra=""))
+    fleet = load_fleet(path)
+    assert fleet.arch.vocab == 128256 and fleet.context_window == 131072
+    path.write_text(body.format(extra="context_window = 32768"))
+    assert load_fleet(path).context_window == 32768
+    path.write_text(body.format(extra="context_window = 0"))
+    with pytest.raises(InvalidArgument, match=r"model\.context_window"):
+        load_fleet(path)
