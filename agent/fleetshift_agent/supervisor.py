@@ -170,7 +170,17 @@ class Supervisor:
 
     # -- starting --------------------------------------------------------------------------
     def check(self, launch: WorkerLaunch) -> None:
-        """Refuse a launch that clashes with what runs here (id or GPUs)."""
+        """Refuse a launch that clashes with what runs here (id or GPUs), or that the reference
+        engine cannot run: it computes on one device (its snapshot key records gpu_count 1 and
+        tensor_parallel 1), so on real GPUs a tensor-parallel worker would hold GPUs it never
+        uses and load the whole model onto the first. On a declared inventory nothing runs on
+        the GPUs (workers compute on the CPU) and the planner's TP choices stay exercisable."""
+        if self.settings.cuda and (launch.tp > 1 or len(launch.gpu_indices) > 1):
+            raise FailedPrecondition(
+                f"tensor_parallel {launch.tp} on gpu_indices {list(launch.gpu_indices)}: the "
+                "reference engine runs on one device; set the model's tp_options = [1]",
+                field="tensor_parallel",
+            )
         if launch.worker_id in self.workers:
             raise AlreadyExists(
                 f"worker_id {launch.worker_id!r} already runs on this node", field="worker_id"
