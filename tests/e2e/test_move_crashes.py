@@ -184,6 +184,8 @@ async def test_agent_killed_at_a_phase(
     try:
         fleet.start(timeout_s=120)
 
+        restarting: list[asyncio.Task[None]] = []
+
         async def kill_agent() -> None:
             fleet.kill_agent(node)
 
@@ -191,7 +193,7 @@ async def test_agent_killed_at_a_phase(
                 await asyncio.sleep(2.0)
                 await asyncio.to_thread(fleet.start_agent, SPEC[node], 120)
 
-            asyncio.get_running_loop().create_task(come_back())
+            restarting.append(asyncio.get_running_loop().create_task(come_back()))
 
         op, tokens = await run_move(fleet, marker, kill_agent)
         if completes:
@@ -199,7 +201,8 @@ async def test_agent_killed_at_a_phase(
         else:
             assert_rolled_back(op)
         assert tokens == reference_tokens[TOKENS]
-        await asyncio.sleep(2.5)  # the restarted agent reports what it runs
+        await asyncio.gather(*restarting)
+        await registered_anew(fleet, node)  # the restarted agent reports what it runs
         assert len(await registry_matches_agents(fleet)) == 1
     finally:
         fleet.stop()
