@@ -33,6 +33,7 @@ from fleetshift_common.sdnotify import (
     stderr_is_journal,
     watchdog_interval,
 )
+from tests.ci import needs
 
 REPO = Path(__file__).resolve().parents[1]
 UNITS = REPO / "systemd"
@@ -63,8 +64,9 @@ AGENT_ACCEPTED = DAEMON_ACCEPTED | {
 }
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
-needs_analyze = pytest.mark.skipif(
-    SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed on this machine"
+needs_analyze = needs(SYSTEMD_ANALYZE is not None, "systemd-analyze (package systemd)")
+needs_seccomp = needs(
+    ctypes.util.find_library("seccomp") is not None, "libseccomp (package libseccomp2)"
 )
 
 
@@ -312,7 +314,7 @@ def _next(sock: socket.socket, proc: subprocess.Popen[str], deadline_s: float = 
     pytest.fail(f"no sd_notify message within {deadline_s}s")
 
 
-@pytest.mark.skipif(ctypes.util.find_library("seccomp") is None, reason="libseccomp is missing")
+@needs_seccomp
 @pytest.mark.parametrize(
     ("module", "extra_toml", "deny_write_execute"),
     [("fleetshift_daemon.main", "", True), ("fleetshift_agent.main", _AGENT_TOML, False)],

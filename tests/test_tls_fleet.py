@@ -132,3 +132,27 @@ def test_node_certificate_cannot_register_as_another_node(tls_fleet: tuple[Path,
         agents.RegisterNode(request, timeout=5)
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "someone-else" in err.value.details() and "gpu-node-1" in err.value.details()
+
+
+def test_node_certificate_cannot_heartbeat_as_another_node(tls_fleet: tuple[Path, int]) -> None:
+    """gpu-node-1's agent is registered and heartbeating; another node's certificate, issued
+    by the same CA, cannot heartbeat in its name (the running fleetshiftd refuses it)."""
+    pki, port = tls_fleet
+    certs("issue-node", str(pki), "gpu-node-2", "--san-ip", "127.0.0.1")
+    operator = operator_stub(
+        pki, port, cert=str(pki / "operator-alice.crt"), key=str(pki / "operator-alice.key")
+    )
+    deadline = time.monotonic() + 20
+    while not operator.ListNodes(pb.ListNodesRequest(), timeout=5).nodes:
+        assert time.monotonic() < deadline, "gpu-node-1 never registered"
+        time.sleep(0.1)
+    creds = client_credentials(
+        str(pki / "ca.crt"),
+        cert=str(pki / "node-gpu-node-2.crt"),
+        key=str(pki / "node-gpu-node-2.key"),
+    )
+    agents = pb_grpc.AgentRegistryStub(grpc.secure_channel(f"127.0.0.1:{port}", creds))
+    with pytest.raises(grpc.RpcError) as err:
+        agents.Heartbeat(pb.HeartbeatRequest(node_name="gpu-node-1"), timeout=5)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "gpu-node-1" in err.value.details() and "gpu-node-2" in err.value.details()

@@ -90,10 +90,11 @@ class Agent:
             peer_credentials=tls.channel_credentials() if tls else None,
             max_message_bytes=cfg.max_message_bytes,
             retention=_retention(cfg),
+            metrics=self.metrics,
         )
         self.server = await start_server(
             cfg.listen,
-            [service.binding(servicer), _snapshot_binding(self.store)],
+            [service.binding(servicer), _snapshot_binding(self.store, self.metrics)],
             cfg.max_message_bytes,
             self.security.credentials,
             self.security.interceptors,
@@ -149,6 +150,8 @@ class Agent:
                 start_timeout_s=cfg.worker_start_timeout_s,
             )
         )
+        supervisor = self.supervisor
+        supervisor.on_change(lambda: self.metrics.set_workers(supervisor.counts()))
         await self.supervisor.adopt()
         await self.supervisor.poll()  # the first heartbeat carries their counters too
 
@@ -244,9 +247,12 @@ def _retention(cfg: AgentConfig) -> RetentionPolicy | None:
     return policy if policy != RetentionPolicy() else None
 
 
-def _snapshot_binding(store: SnapshotStore) -> ServiceBinding:
+def _snapshot_binding(store: SnapshotStore, metrics: AgentMetrics) -> ServiceBinding:
+    def sent(size: int) -> None:
+        metrics.transferred("sent", size)
+
     return ServiceBinding(
         snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server,
-        SnapshotServicer(store),
+        SnapshotServicer(store, on_sent=sent),
         snapshot_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name,
     )

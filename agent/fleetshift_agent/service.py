@@ -33,6 +33,7 @@ from fleetshift_common.errors import (
     NotFound,
 )
 from fleetshift_rpc.errors import rpc_errors
+from fleetshift_rpc.metrics import AgentMetrics
 from fleetshift_rpc.server import ServiceBinding, channel
 
 log = logging.getLogger("fleetshift.agent")
@@ -58,7 +59,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         peer_credentials: grpc.ChannelCredentials | None = None,
         max_message_bytes: int = 4 << 20,
         retention: RetentionPolicy | None = None,
+        metrics: AgentMetrics | None = None,
     ) -> None:
+        self._metrics = metrics or AgentMetrics(node="")
         self._info = info
         self._supervisor = supervisor
         self._store = store
@@ -79,7 +82,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     ) -> pb.WorkerStatus:
         with ExitStack() as held:
             launch = self._launch(request, held)
+            started = time.monotonic()
             worker = await self._supervisor.start(launch)
+            if launch.origin_snapshot:  # a warm start: the restore the dashboard times
+                size = self._store.summary(launch.origin_snapshot).size_bytes
+                self._metrics.snapshot_restored(time.monotonic() - started, size)
         return self._supervisor.status(worker)
 
     def _launch(self, request: agent_pb2.StartWorkerRequest, held: ExitStack) -> WorkerLaunch:
@@ -150,8 +157,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self._supervisor.serving(request.worker_id)
         if path.exists():
             raise AlreadyExists(f"snapshot_id {sid!r} is already in the store", field="snapshot_id")
+        started = time.monotonic()
         reply = await self._supervisor.snapshot(request.worker_id, self._store.root, sid)
-        self._store.get(sid)  # visible (and readable) before the caller hears of it
+        written = self._store.summary(sid)  # visible (and readable) before the caller hears
+        self._metrics.snapshot_written(time.monotonic() - started, written.size_bytes)
         await asyncio.to_thread(self._retain, sid)
         return agent_pb2.SnapshotWorkerResponse(
             snapshot_id=sid,
@@ -180,6 +189,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             received = await self._fetch(request.source_agent_address, sid)
         except SnapshotExists:  # a concurrent fetch of the same snapshot finished first
             received = 0
+        self._metrics.transferred("received", received)
+        await self._supervisor.hit("agent:fetch:received")  # in the store, not yet answered
         await asyncio.to_thread(self._retain, sid)
         return agent_pb2.FetchSnapshotResponse(
             snapshot_id=sid,

@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -42,6 +42,7 @@ from fleetshift_common.errors import (
     NotFound,
     Unavailable,
 )
+from fleetshift_common.failpoints import Failpoints
 from fleetshift_common.sdnotify import child_environ
 from fleetshift_rpc.errors import peer_error
 
@@ -55,6 +56,7 @@ ROLES = {
     "mixed": pb.WORKER_ROLE_MIXED,
 }
 STARTING, SERVING, FAILED, STOPPED = "starting", "serving", "failed", "stopped"
+ROLE_NAMES = {number: name for name, number in ROLES.items()}
 STATES = {
     STARTING: pb.WORKER_STATE_STARTING,
     SERVING: pb.WORKER_STATE_SERVING,
@@ -131,16 +133,54 @@ class Supervisor:
     # for the last step of a start or stop: the daemon hears of a worker serving or stopped
     # from our answer first, and no report built before that change can arrive after it.
     reporting: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Named places where a test can hold or kill the agent inside a start, stop or snapshot
+    # (``fleetshift_common.failpoints``); unset in production.
+    failpoints: Failpoints = field(default_factory=Failpoints)
+    _listeners: list[Callable[[], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` whenever the set of workers, or a worker's state or role, may have
+        changed (the agent's worker gauge follows it)."""
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """Workers this node runs now, by (role, state); the role is the worker's own answer
+        when it has given one (SetRole may have changed it)."""
+        counts: dict[tuple[str, str], int] = {}
+        for worker in self.workers.values():
+            live = self.live.get(worker.worker_id)
+            role = ROLE_NAMES.get(live.role, worker.launch.role) if live else worker.launch.role
+            counts[(role, worker.state)] = counts.get((role, worker.state), 0) + 1
+        return counts
+
+    async def hit(self, name: str) -> None:
+        """A failpoint, off the event loop (a hold must not stop the agent's other calls)."""
+        if self.failpoints.armed:
+            await asyncio.to_thread(self.failpoints.hit, name)
 
     def _file(self, worker_id: str, suffix: str) -> Path:
         return self.settings.state_dir / f"{worker_id}{suffix}"
 
     # -- starting --------------------------------------------------------------------------
     def check(self, launch: WorkerLaunch) -> None:
-        """Refuse a launch that clashes with what runs here (id or GPUs)."""
+        """Refuse a launch that clashes with what runs here (id or GPUs), or that the reference
+        engine cannot run: it computes on one device (its snapshot key records gpu_count 1 and
+        tensor_parallel 1), so on real GPUs a tensor-parallel worker would hold GPUs it never
+        uses and load the whole model onto the first. On a declared inventory nothing runs on
+        the GPUs (workers compute on the CPU) and the planner's TP choices stay exercisable."""
+        if self.settings.cuda and (launch.tp > 1 or len(launch.gpu_indices) > 1):
+            raise FailedPrecondition(
+                f"tensor_parallel {launch.tp} on gpu_indices {list(launch.gpu_indices)}: the "
+                "reference engine runs on one device; set the model's tp_options = [1]",
+                field="tensor_parallel",
+            )
         if launch.worker_id in self.workers:
             raise AlreadyExists(
                 f"worker_id {launch.worker_id!r} already runs on this node", field="worker_id"
@@ -170,11 +210,14 @@ class Supervisor:
         worker = WorkerProcess(launch, proc.pid, 0, time.time())
         self._procs[launch.worker_id] = proc
         self._record(worker)  # before it serves: a restarted agent must know the pid
+        self._changed()
         try:
             port = await _wait_port(port_file, proc, self.settings.start_timeout_s)
+            await self.hit("agent:start:serving")  # the worker serves; nobody was told yet
         except BaseException as err:
             await asyncio.to_thread(_terminate, proc.pid, 2.0)
             self._forget(launch.worker_id)
+            self._changed()
             if isinstance(err, FleetShiftError):
                 tail = _tail(self._file(launch.worker_id, ".log"))
                 raise type(err)(f"{err.message}; log tail: {tail}", field=err.field) from None
@@ -183,6 +226,7 @@ class Supervisor:
             worker = replace(worker, port=port, state=SERVING)
             self._record(worker)
             self.live[launch.worker_id] = WorkerLive(role=ROLES[launch.role])
+        self._changed()
         log.info(
             "worker started", extra={"worker": launch.worker_id, "pid": proc.pid, "port": port}
         )
@@ -243,10 +287,12 @@ class Supervisor:
                     await asyncio.to_thread(proc.wait, 5)
         finally:
             self._stopping.discard(worker_id)
+        await self.hit("agent:stop:stopped")  # the process is gone; the daemon not yet told
         async with self.reporting:
             stopped = replace(worker, state=STOPPED)
             self._forget(worker_id)
             self._gone[worker_id] = stopped
+        self._changed()
         log.info("worker stopped", extra={"worker": worker_id})
         return stopped
 
@@ -297,6 +343,7 @@ class Supervisor:
             adopted.append(worker.worker_id)
         if adopted:
             log.info("re-adopted running workers", extra={"workers": adopted})
+        self._changed()
         return adopted
 
     def _record(self, worker: WorkerProcess) -> None:
@@ -314,6 +361,7 @@ class Supervisor:
             if w.state == SERVING and w.worker_id not in self._stopping
         ]
         await asyncio.gather(*(self._poll_one(w) for w in serving))
+        self._changed()  # deaths and role changes the poll saw
 
     async def _poll_one(self, worker: WorkerProcess) -> None:
         if self._dead(worker):
@@ -384,9 +432,11 @@ class Supervisor:
         try:
             async with grpc.aio.insecure_channel(worker.endpoint) as ch:
                 stub = wpb_grpc.WorkerServiceStub(ch)
-                return await stub.Snapshot(request, timeout=SNAPSHOT_TIMEOUT_S)
+                reply = await stub.Snapshot(request, timeout=SNAPSHOT_TIMEOUT_S)
         except grpc.aio.AioRpcError as err:
             raise _from_status(err, worker_id) from None
+        await self.hit("agent:snapshot:written")  # in the store; the caller not yet answered
+        return reply
 
 
 # A worker's refusal passes through with its own status; anything else means it is unwell.

@@ -36,6 +36,7 @@ from fleetshift_daemon.core.plans import Plan
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.core.workers import WorkerTable
 from fleetshift_daemon.executor import Clients, Executor
+from fleetshift_daemon.move_signals import MoveSignals
 from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
 from fleetshift_daemon.store.work_store import (
@@ -103,6 +104,7 @@ class Daemon:
         # index per lost/back node would turn a heartbeat storm into a Route storm.
         self.registry.on_change(self.placement.fleet_changed, liveness=False)
         self.operations = OperationLog(SqlOperationStore(self.engine), self.clock)
+        self.operations.on_change(MoveSignals(self.metrics))  # phase and pause histograms
         await asyncio.to_thread(self.operations.load)
         p = cfg.planner
         self.moves = MovePlanner(

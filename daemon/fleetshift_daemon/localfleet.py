@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -61,6 +62,10 @@ class LocalFleet:
     daemon_extra: str = ""  # TOML appended to the daemon's config (models, planner ...)
     agent_extra: str = ""  # TOML appended to every agent's config (before its [[gpus]])
     env: dict[str, str] = field(default_factory=dict)  # extra environment (failpoints ...)
+    # True: every process serves /metrics on a loopback port of its own, kept across restarts
+    # ("daemon" or the node name -> port), so a test can scrape what Prometheus would.
+    metrics: bool = False
+    metrics_ports: dict[str, int] = field(default_factory=dict)
     daemon_proc: subprocess.Popen[bytes] | None = None
     agent_procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -81,6 +86,13 @@ class LocalFleet:
             start_new_session=True,
         )
 
+    def _metrics_line(self, process: str) -> str:
+        if not self.metrics:
+            return ""
+        if process not in self.metrics_ports:
+            self.metrics_ports[process] = _free_port()
+        return f'metrics_listen = "127.0.0.1:{self.metrics_ports[process]}"\n'
+
     def start_daemon(self, timeout_s: float = 60.0) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         port_file = self.state_dir / "daemon.port"
@@ -93,6 +105,7 @@ class LocalFleet:
             f"heartbeat_interval_s = {self.heartbeat_interval_s}\n"
             f"node_lost_after_s = {self.node_lost_after_s}\n"
             f"liveness_check_interval_s = {min(0.5, self.heartbeat_interval_s)}\n"
+            + self._metrics_line("daemon")
             + self.daemon_extra
         )
         self.daemon_proc = self._spawn("fleetshift_daemon.main", config, "daemon")
@@ -126,6 +139,7 @@ class LocalFleet:
             'inventory = "declared"\n'
             f'port_file = "{port_file}"\n'
             f"reconnect_max_s = {backoff_max}\n"
+            + self._metrics_line(spec.name)
             + self.agent_extra
             + f'[[gpus]]\nproduct_name = "{spec.product_name}"\ncount = {spec.gpu_count}\n'
         )
@@ -192,6 +206,13 @@ class LocalFleet:
                 continue
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)  # each worker leads its own process group
+
+
+def _free_port() -> int:
+    """A loopback port free right now (the process that binds it next is ours)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _kill(proc: subprocess.Popen[bytes] | None, sig: int) -> None:

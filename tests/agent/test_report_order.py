@@ -4,6 +4,11 @@ A heartbeat is built from the agent's view of its workers and then sent; if a st
 between and its answer overtook the heartbeat, the daemon would record the worker stopped and
 then serving again (and route to it). The agent holds its report lock from building a heartbeat
 until the daemon answers it, and takes it for the last step of a start or stop.
+
+The race is provoked, not waited for: the registry holds a heartbeat that says w0 serves, and a
+failpoint holds the stop right after the worker process is gone and before the daemon is told
+(``agent:stop:stopped``). The test checks that moment is reached (the worker dead, the stale
+report in flight) before it lets both go on.
 """
 
 from __future__ import annotations
@@ -19,12 +24,12 @@ import pytest
 from fleetshift.v1 import agent_pb2
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
+from fleetshift_common.failpoints import ENV, Failpoints
 from fleetshift_rpc.server import ServiceBinding, start_server
 
-from .fleet import agent_config, agent_stub, running_agent, start_request
+from .fleet import agent_config, agent_stub, alive, running_agent, start_request, worker_pid
 
 pytestmark = pytest.mark.slow
-HOLD_S = 3.0
 
 
 class HoldingRegistry(pb_grpc.AgentRegistryServicer):
@@ -82,12 +87,23 @@ async def test_a_heartbeat_built_before_a_stop_is_answered_before_the_stop(
         while not any(states.get("w0") == serving for _, states in daemon.answered):
             await asyncio.sleep(0.05)
 
+        pid = worker_pid(tmp_path / "state", "w0")
+        marker = tmp_path / "stop-held"
+        assert agent.supervisor is not None
+        agent.supervisor.failpoints = Failpoints({ENV: f"agent:stop:stopped=hold:{marker}"})
         daemon.release.clear()
         await asyncio.wait_for(daemon.holding.wait(), 10)  # a report of w0 serving, in flight
         stop = asyncio.ensure_future(
             stub.StopWorker(agent_pb2.StopWorkerRequest(worker_id="w0"), timeout=60)
         )
-        await asyncio.sleep(HOLD_S)  # the worker itself is gone well before this
+        while not marker.exists():  # the stop reaches the failpoint
+            assert not stop.done(), stop
+            await asyncio.sleep(0.02)
+        # The race: the worker is gone, the report that says it serves is still unanswered.
+        assert not alive(pid)
+        assert agent.supervisor.reporting.locked()
+        assert daemon.holding.is_set() and not daemon.release.is_set()
+        marker.unlink()
         released_at = time.monotonic()
         daemon.release.set()
         stopped = await stop

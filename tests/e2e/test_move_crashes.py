@@ -1,9 +1,13 @@
 """SIGKILL the daemon, the source agent or the destination agent at a step of a move.
 
-Failpoints (``FLEETSHIFT_FAILPOINTS``) put the kill exactly at a phase. Afterwards: every
-session's token stream equals an uninterrupted run (none lost, none duplicated), the workers
-the registry says serve are exactly the ones running on the agents, and the operation says
-whether the move completed or was rolled back.
+Failpoints (``FLEETSHIFT_FAILPOINTS``) put the kill exactly at a phase of the daemon's
+executor (``after:<phase>``), or inside an agent's handler while the daemon's call to it is in
+flight (``agent:snapshot:written``, ``agent:fetch:received``, ``agent:start:serving``). Every
+phase of a warm move is covered, and the phases of a cold move on either side of the switch.
+Afterwards: every session's token stream equals an uninterrupted run (none lost, none
+duplicated), the workers the registry says serve are exactly the ones running on the agents,
+and the operation went the one way the recovery rule prescribes for that point: rolled back
+before ``switched``, completed from it on.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ async def registry_matches_agents(fleet: LocalFleet) -> set[str]:
 
 
 async def run_move(
-    fleet: LocalFleet, marker: Path | None, on_hold
+    fleet: LocalFleet, marker: Path | None, on_hold, target: str = "h100-b"
 ) -> tuple[pb.Operation, dict[str, list[int]]]:  # type: ignore[no-untyped-def]
     async with grpc.aio.insecure_channel(fleet.daemon_address) as daemon:
         ops = pb_grpc.OperationsStub(daemon)
@@ -74,7 +78,7 @@ async def run_move(
         streams = asyncio.create_task(stream_all(daemon, worker.endpoint, started))
         await asyncio.wait_for(started.wait(), 60)
         op = await ops.MoveWorker(
-            pb.MoveWorkerRequest(worker_id=worker.worker_id, target_node="h100-b"), timeout=30
+            pb.MoveWorkerRequest(worker_id=worker.worker_id, target_node=target), timeout=30
         )
         if marker is not None:
             deadline = time.monotonic() + 120
@@ -90,18 +94,47 @@ async def run_move(
         return final, tokens
 
 
-DAEMON_PHASES = [
-    "target_reserved",
-    "snapshot_fetched",
-    "target_started",
-    "sessions_copied",
-    "switched",
+# Every phase a warm move (h100 -> h100) persists, and a cold move's (h100 -> h200) phases
+# on either side of the switch; "done" has nothing left to recover.
+FORWARD = ("switched", "source_retired")  # the target owns the sessions: completed forward
+DAEMON_KILLS = [
+    *(
+        ("h100-b", phase)
+        for phase in (
+            "target_reserved",
+            "snapshot_taken",
+            "snapshot_fetched",
+            "target_started",
+            "source_paused",
+            "sessions_copied",
+            "switched",
+            "source_retired",
+        )
+    ),
+    ("h200-a", "target_started"),
+    ("h200-a", "switched"),
 ]
 
 
-@pytest.mark.parametrize("phase", DAEMON_PHASES)
+def assert_rolled_back(op: pb.Operation) -> None:
+    step = op.steps[0]
+    assert op.state == pb.OPERATION_STATE_FAILED, op
+    assert step.state == pb.STEP_STATE_ROLLED_BACK and step.error, op
+
+
+def assert_completed(op: pb.Operation) -> None:
+    step = op.steps[0]
+    assert op.state == pb.OPERATION_STATE_SUCCEEDED, op
+    assert step.state == pb.STEP_STATE_DONE and step.phase == "done", op
+
+
+@pytest.mark.parametrize(
+    ("target", "phase"),
+    DAEMON_KILLS,
+    ids=[f"{'warm' if t == 'h100-b' else 'cold'}-{p}" for t, p in DAEMON_KILLS],
+)
 async def test_daemon_killed_at_a_phase(
-    tmp_path: Path, model_dir: Path, reference_tokens, phase: str
+    tmp_path: Path, model_dir: Path, reference_tokens, target: str, phase: str
 ) -> None:  # type: ignore[no-untyped-def]
     fleet = make_fleet(
         tmp_path / "fleet", model_dir, env={"FLEETSHIFT_FAILPOINTS": f"after:{phase}=crash"}
@@ -115,12 +148,13 @@ async def test_daemon_killed_at_a_phase(
             fleet.env = {}
             await asyncio.to_thread(fleet.start_daemon, 120)
 
-        op, tokens = await run_move(fleet, None, restart_daemon)
-        step = op.steps[0]
-        if phase == "switched":
-            assert op.state == pb.OPERATION_STATE_SUCCEEDED and step.state == pb.STEP_STATE_DONE
+        op, tokens = await run_move(fleet, None, restart_daemon, target)
+        kind = pb.STEP_KIND_MIGRATE if target == "h100-b" else pb.STEP_KIND_COLD_START
+        assert op.steps[0].kind == kind
+        if phase in FORWARD:
+            assert_completed(op)
         else:
-            assert op.state == pb.OPERATION_STATE_FAILED and step.state == pb.STEP_STATE_ROLLED_BACK
+            assert_rolled_back(op)
             assert "daemon restarted" in op.error and phase in op.error
         assert tokens == reference_tokens[TOKENS]
         assert len(await registry_matches_agents(fleet)) == 1
@@ -129,15 +163,19 @@ async def test_daemon_killed_at_a_phase(
 
 
 AGENT_KILLS = [
-    ("h100-a", "target_reserved"),  # the source's agent, before the snapshot
-    ("h100-b", "snapshot_taken"),  # the destination's agent, before it fetches
-    ("h100-b", "target_started"),  # the destination's agent, its worker already serving
+    # the source's agent, before the snapshot: SnapshotWorker finds it down -> rolled back
+    ("h100-a", "target_reserved", False),
+    # the destination's agent, before it fetches: FetchSnapshot finds it down -> rolled back
+    ("h100-b", "snapshot_taken", False),
+    # the destination's agent once its worker serves: the rest talks to the workers and to
+    # the source's agent, so the move completes without it
+    ("h100-b", "target_started", True),
 ]
 
 
-@pytest.mark.parametrize(("node", "phase"), AGENT_KILLS)
+@pytest.mark.parametrize(("node", "phase", "completes"), AGENT_KILLS)
 async def test_agent_killed_at_a_phase(
-    tmp_path: Path, model_dir: Path, reference_tokens, node: str, phase: str
+    tmp_path: Path, model_dir: Path, reference_tokens, node: str, phase: str, completes: bool
 ) -> None:  # type: ignore[no-untyped-def]
     marker = tmp_path / "hold"
     fleet = make_fleet(
@@ -146,6 +184,8 @@ async def test_agent_killed_at_a_phase(
     try:
         fleet.start(timeout_s=120)
 
+        restarting: list[asyncio.Task[None]] = []
+
         async def kill_agent() -> None:
             fleet.kill_agent(node)
 
@@ -153,15 +193,102 @@ async def test_agent_killed_at_a_phase(
                 await asyncio.sleep(2.0)
                 await asyncio.to_thread(fleet.start_agent, SPEC[node], 120)
 
-            asyncio.get_running_loop().create_task(come_back())
+            restarting.append(asyncio.get_running_loop().create_task(come_back()))
 
         op, tokens = await run_move(fleet, marker, kill_agent)
-        step = op.steps[0]
-        assert step.state in (pb.STEP_STATE_DONE, pb.STEP_STATE_ROLLED_BACK)
-        if step.state == pb.STEP_STATE_ROLLED_BACK:
-            assert op.state == pb.OPERATION_STATE_FAILED and step.error
+        if completes:
+            assert_completed(op)
+        else:
+            assert_rolled_back(op)
         assert tokens == reference_tokens[TOKENS]
-        await asyncio.sleep(2.5)  # the restarted agent reports what it runs
+        await asyncio.gather(*restarting)
+        await registered_anew(fleet, node)  # the restarted agent reports what it runs
+        assert len(await registry_matches_agents(fleet)) == 1
+    finally:
+        fleet.stop()
+
+
+# An agent that dies inside its handler, while the daemon's call to it is in flight: the call
+# fails, the step rolls back, and the agent (restarted as systemd would) leaves only the
+# source serving; a worker whose start it never answered is stopped when it re-adopts.
+AGENT_CRASHES_IN_FLIGHT = [
+    ("h100-a", "agent:snapshot:written"),  # SnapshotWorker: the snapshot is in the store
+    ("h100-b", "agent:fetch:received"),  # FetchSnapshot: the copy is verified and stored
+    ("h100-b", "agent:start:serving"),  # StartWorker: the restored worker already serves
+]
+
+
+async def registered_anew(fleet: LocalFleet, node: str, timeout_s: float = 60) -> None:
+    """Until the daemon lists ``node`` at the port its (restarted) agent listens on now."""
+    port_file = fleet.state_dir / f"agent-{node}.port"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        port = port_file.read_text().strip() if port_file.exists() else ""
+        try:
+            nodes = await asyncio.to_thread(fleet.list_nodes)
+        except grpc.RpcError:
+            nodes = []  # the daemon is restarting
+        at = {n.name: n.agent_address for n in nodes if n.state == fpb.NODE_STATE_READY}
+        if port and at.get(node, "").endswith(f":{port}"):
+            return
+        assert time.monotonic() < deadline, f"{node} did not register its new agent"
+        await asyncio.sleep(0.1)
+
+
+async def arm_agent(fleet: LocalFleet, node: str, failpoints: str) -> None:
+    """Restart one agent with failpoints armed (the others must not hit them)."""
+    fleet.kill_agent(node)
+    fleet.env = {"FLEETSHIFT_FAILPOINTS": failpoints}
+    try:
+        await asyncio.to_thread(fleet.start_agent, SPEC[node], 120)
+    finally:
+        fleet.env = {}
+    await registered_anew(fleet, node)
+
+
+@pytest.mark.parametrize(("node", "failpoint"), AGENT_CRASHES_IN_FLIGHT)
+async def test_agent_killed_while_its_call_is_in_flight(
+    tmp_path: Path, model_dir: Path, reference_tokens, node: str, failpoint: str
+) -> None:  # type: ignore[no-untyped-def]
+    fleet = make_fleet(tmp_path / "fleet", model_dir)
+    try:
+        fleet.start(timeout_s=120)
+        await arm_agent(fleet, node, f"{failpoint}=crash")
+        armed = fleet.agent_procs[node]
+
+        async def restart_agent() -> None:
+            await asyncio.to_thread(armed.wait, 120)  # it SIGKILLs itself inside the handler
+            await asyncio.to_thread(fleet.start_agent, SPEC[node], 120)
+
+        op, tokens = await run_move(fleet, None, restart_agent)
+        assert armed.returncode == -9, "the failpoint was not reached"
+        assert_rolled_back(op)
+        assert tokens == reference_tokens[TOKENS]
+        await registered_anew(fleet, node)  # the restarted agent reports what it runs
+        assert len(await registry_matches_agents(fleet)) == 1
+    finally:
+        fleet.stop()
+
+
+async def test_daemon_killed_while_an_agent_call_is_in_flight(
+    tmp_path: Path, model_dir: Path, reference_tokens
+) -> None:  # type: ignore[no-untyped-def]
+    """The source's agent holds inside SnapshotWorker; the daemon dies meanwhile. The agent
+    finishes into a closed call, and the restarted daemon rolls the step back."""
+    marker = tmp_path / "hold"
+    fleet = make_fleet(tmp_path / "fleet", model_dir)
+    try:
+        fleet.start(timeout_s=120)
+        await arm_agent(fleet, "h100-a", f"agent:snapshot:written=hold:{marker}")
+
+        async def kill_and_restart_daemon() -> None:
+            fleet.kill_daemon()  # run_move then releases the agent, into a closed call
+            await asyncio.to_thread(fleet.start_daemon, 120)
+
+        op, tokens = await run_move(fleet, marker, kill_and_restart_daemon)
+        assert_rolled_back(op)
+        assert "daemon restarted" in op.error and "target_reserved" in op.error
+        assert tokens == reference_tokens[TOKENS]
         assert len(await registry_matches_agents(fleet)) == 1
     finally:
         fleet.stop()

@@ -1,6 +1,9 @@
 """A fleet PKI issued into a temporary directory and the daemon's registry API served over real
 TLS on loopback, the way the daemon serves it: an mTLS port for agents and certificate-holding
-operators, a TLS-only port for operators with bearer tokens, one interceptor on both."""
+operators, a TLS-only port for operators with bearer tokens, one interceptor on both.
+
+The servicers are the product's own (``fleet_api.bindings``), unwrapped: every check a test
+here asserts is the one the daemon runs, so removing it from the product fails the test."""
 
 from __future__ import annotations
 
@@ -21,16 +24,14 @@ from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
 from fleetshift_rpc import pki
 from fleetshift_rpc.auth import AuthInterceptor, AuthPolicy
-from fleetshift_rpc.errors import rpc_errors
 from fleetshift_rpc.ratelimit import RateLimit, RateLimiter
 from fleetshift_rpc.security import (
     OperatorTokens,
     TlsFiles,
     client_credentials,
     hash_token,
-    require_node_identity,
 )
-from fleetshift_rpc.server import RunningServer, ServiceBinding, start_server
+from fleetshift_rpc.server import RunningServer, start_server
 
 MAX_MESSAGE = 64 * 1024
 OPERATOR_TOKEN = "s3cret-operator-token"
@@ -63,32 +64,6 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
         foreign_ca=other / pki.CA_CERT,
         foreign_node_a=pki.issue(other, "node", "node-a"),
     )
-
-
-class CheckedAgentRegistry(fleet_api.AgentRegistryServicer):
-    """The real servicer plus the identity hook, exactly as the daemon wires it: the first
-    statement of each agent RPC is ``require_node_identity(request.node_name)``."""
-
-    @rpc_errors
-    async def RegisterNode(self, request, context):  # type: ignore[no-untyped-def]
-        require_node_identity(request.node_name)
-        return await super().RegisterNode(request, context)
-
-    @rpc_errors
-    async def Heartbeat(self, request, context):  # type: ignore[no-untyped-def]
-        require_node_identity(request.node_name)
-        return await super().Heartbeat(request, context)
-
-
-def checked_bindings(registry: Registry) -> list[ServiceBinding]:
-    bindings = fleet_api.bindings(registry, 200)
-    agent_name = pb.DESCRIPTOR.services_by_name["AgentRegistry"].full_name
-    return [
-        ServiceBinding(b.add_to_server, CheckedAgentRegistry(registry, 200), b.full_name)
-        if b.full_name == agent_name
-        else b
-        for b in bindings
-    ]
 
 
 @dataclass
@@ -137,7 +112,7 @@ async def secure_fleet(
     limiter = RateLimiter(limit) if limit else None
     interceptor = AuthInterceptor(policy or AuthPolicy(), tokens, limiter)
     files = TlsFiles(str(certs.daemon.cert), str(certs.daemon.key), str(certs.ca))
-    bindings = checked_bindings(registry)
+    bindings = fleet_api.bindings(registry, 200)  # the product's own servicers, unchanged
     mtls = await start_server(
         "127.0.0.1:0", bindings, MAX_MESSAGE, files.server_credentials(), [interceptor]
     )

@@ -12,13 +12,14 @@ import pytest
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift_common.config import ConfigError
+from fleetshift_daemon.api import fleet as fleet_api
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
 from fleetshift_rpc.auth import AuthInterceptor, AuthPolicy
 from fleetshift_rpc.security import check_plaintext_allowed
 from fleetshift_rpc.server import start_server
-from tests.security.conftest import MAX_MESSAGE, checked_bindings, registration
+from tests.security.conftest import MAX_MESSAGE, registration
 
 
 @pytest.mark.parametrize("listen", ["0.0.0.0:50051", "10.1.2.3:50051", "[::]:50051", "node:1"])
@@ -42,7 +43,7 @@ async def _plaintext_server(tmp_path: Path, interceptors: list[grpc.aio.ServerIn
     upgrade(engine)
     registry = Registry(SqlRegistryStore(engine), time.time, 10.0)
     server = await start_server(
-        "127.0.0.1:0", checked_bindings(registry), MAX_MESSAGE, interceptors=interceptors
+        "127.0.0.1:0", fleet_api.bindings(registry, 200), MAX_MESSAGE, interceptors=interceptors
     )
     return engine, registry, server
 

@@ -12,6 +12,7 @@ import pytest
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift_common.config import ConfigError
+from fleetshift_daemon.api import fleet as fleet_api
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
@@ -20,7 +21,7 @@ from fleetshift_rpc.auth import server_security
 from fleetshift_rpc.ratelimit import RateLimit
 from fleetshift_rpc.security import PrincipalKind, client_credentials
 from fleetshift_rpc.server import channel, start_server
-from tests.security.conftest import Certs, checked_bindings, registration
+from tests.security.conftest import Certs, registration
 
 
 def test_plaintext_off_loopback_and_tokens_without_tls_are_refused() -> None:
@@ -72,7 +73,7 @@ async def test_a_daemon_built_from_config_serves_both_ports(tmp_path: Path, cert
     engine = make_engine(f"sqlite:///{tmp_path / 'fleetshift.db'}")
     upgrade(engine)
     registry = Registry(SqlRegistryStore(engine), time.time, 10.0)
-    bindings = checked_bindings(registry)
+    bindings = fleet_api.bindings(registry, 200)
     main = await start_server(
         "127.0.0.1:0", bindings, 1 << 20, security.credentials, security.interceptors
     )

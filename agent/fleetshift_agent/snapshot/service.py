@@ -91,9 +91,17 @@ async def _call(context: grpc.aio.ServicerContext[Any, Any], work: Callable[[], 
 
 
 class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
-    def __init__(self, store: SnapshotStore, *, max_chunk: int = MAX_CHUNK) -> None:
+    def __init__(
+        self,
+        store: SnapshotStore,
+        *,
+        max_chunk: int = MAX_CHUNK,
+        on_sent: Callable[[int], None] | None = None,
+    ) -> None:
         self.store = store
         self.max_chunk = max_chunk
+        # Told the payload bytes of every chunk sent (the agent's transfer counter).
+        self.on_sent = on_sent or (lambda size: None)
 
     async def ListSnapshots(
         self, request: snapshot_pb2.ListSnapshotsRequest, context: Any
@@ -172,6 +180,7 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
                     raise SnapshotCorrupt(snap.snapshot_id, file, f"source file ends at {offset}")
                 end = offset + len(data)
                 yield self._chunk(file, offset, data, end == entry.size)
+                self.on_sent(len(data))
                 offset = end
                 if offset == entry.size:
                     return
