@@ -208,8 +208,11 @@ async def test_drain_of_unknown_or_empty_node(ops) -> None:  # type: ignore[no-u
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await ops.Drain(pb.DrainRequest(node_name="l40s-1"))
+    # A valid request with nothing to do is a failed precondition, which a script can tell
+    # from a missing node (NOT_FOUND above).
     assert (
-        err.value.code() == grpc.StatusCode.NOT_FOUND and "nothing to move" in err.value.details()
+        err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        and "nothing to move" in err.value.details()
     )
 
 
