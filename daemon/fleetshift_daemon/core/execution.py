@@ -185,6 +185,11 @@ class Executor:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._fleet.close()
 
+    async def wait_idle(self) -> None:
+        """Until every operation submitted so far has ended (however it ended)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
+
     def running(self) -> list[Operation]:
         return [self._ops.get(i) for i, t in list(self._tasks.items()) if not t.done()]
 
