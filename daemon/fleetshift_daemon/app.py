@@ -249,6 +249,8 @@ class Daemon:
         self._tasks.add(task)
         try:
             await run()
+        except asyncio.CancelledError:
+            log.debug("%s cancelled: the daemon is stopping", name)  # the scheduler's last word
         finally:
             self._tasks.discard(task)
 
