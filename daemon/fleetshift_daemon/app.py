@@ -141,6 +141,7 @@ class Daemon:
         await self._serve()
         self.executor.recover()
         self._start_jobs()
+        assert self.server is not None
         write_port_file(cfg.port_file, self.server.port)
         self.notifier.ready(f"serving on port {self.server.port}")
         log.info(

@@ -29,7 +29,7 @@ WORKER_STATE_FROM_PB = {v: k for k, v in WORKER_STATE_TO_PB.items()}
 
 def role_pb(value: Role | None) -> pb.WorkerRole:
     """A role on the wire; none (a step without one) is UNSPECIFIED."""
-    return ROLE_TO_PB[value] if value is not None else pb.WORKER_ROLE_UNSPECIFIED  # type: ignore[return-value]
+    return ROLE_TO_PB[value] if value is not None else pb.WORKER_ROLE_UNSPECIFIED
 
 
 def role(value: int, field: str = "role") -> Role:

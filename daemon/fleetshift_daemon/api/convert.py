@@ -15,7 +15,11 @@ from fleetshift_daemon.core.fleet import (
     WorkerCounters,
 )
 from fleetshift_daemon.core.workers import WorkerRecord, WorkerReport, WorkerSpec, WorkerState
-from fleetshift_daemon.wire import ROLE_TO_PB, WORKER_STATE_FROM_PB, WORKER_STATE_TO_PB, dtype, role
+from fleetshift_daemon.wire import ROLE_TO_PB as ROLE_TO_PB  # re-exported for the servicers
+from fleetshift_daemon.wire import WORKER_STATE_FROM_PB as WORKER_STATE_FROM_PB
+from fleetshift_daemon.wire import WORKER_STATE_TO_PB as WORKER_STATE_TO_PB
+from fleetshift_daemon.wire import dtype as dtype
+from fleetshift_daemon.wire import role as role
 
 _SOURCE_TO_PB = {
     InventorySource.NVML: pb.INVENTORY_SOURCE_NVML,
@@ -26,7 +30,7 @@ STATE_FROM_PB = {v: k for k, v in _STATE_TO_PB.items()}
 
 
 def node_state_pb(state: NodeState) -> pb.NodeState:
-    return _STATE_TO_PB[state]  # type: ignore[return-value]
+    return _STATE_TO_PB[state]
 
 
 def registration(msg: pb.RegisterNodeRequest) -> Registration:

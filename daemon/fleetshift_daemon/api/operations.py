@@ -127,7 +127,11 @@ class OperationsServicer(pb_grpc.OperationsServicer):
         self._submission = submission
         self._watchers: set[asyncio.Queue[Operation]] = set()
         loop = asyncio.get_running_loop()
-        ops.on_change(lambda op: loop.call_soon_threadsafe(self._notify, op))
+
+        def changed(op: Operation) -> None:  # called from the executor's store threads
+            loop.call_soon_threadsafe(self._notify, op)
+
+        ops.on_change(changed)
 
     def _notify(self, op: Operation) -> None:
         for queue in self._watchers:

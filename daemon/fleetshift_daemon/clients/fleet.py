@@ -112,7 +112,7 @@ class GrpcFleetClient:
             lambda: self._agent(agent).StartWorker(request, timeout=START_TIMEOUT_S),
             {grpc.StatusCode.ALREADY_EXISTS: WorkerAlreadyRuns},
         )
-        return status.endpoint
+        return str(status.endpoint)
 
     async def worker_endpoint(self, agent: AgentRef, worker_id: str) -> str:
         info = await _agent_call(
