@@ -23,8 +23,11 @@ from fleetshift.v1 import operations_pb2_grpc as pb_grpc
 from fleetshift.v1 import placement_pb2 as ppb
 from fleetshift.v1 import placement_pb2_grpc as ppb_grpc
 from fleetshift_common.config import DaemonConfig, ModelConfig, PlannerSettings
+from fleetshift_common.errors import FailedPrecondition
+from fleetshift_common.vocabulary import Role
 from fleetshift_daemon.app import Daemon
 from fleetshift_daemon.core.operations import OperationKind, StepKind
+from fleetshift_daemon.core.perfmodel import Dtype
 from fleetshift_daemon.core.plans import MoveKind
 
 GiB = 1024**3
@@ -208,8 +211,11 @@ async def test_drain_of_unknown_or_empty_node(ops) -> None:  # type: ignore[no-u
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await ops.Drain(pb.DrainRequest(node_name="l40s-1"))
+    # A valid request with nothing to do is a failed precondition, which a script can tell
+    # from a missing node (NOT_FOUND above).
     assert (
-        err.value.code() == grpc.StatusCode.NOT_FOUND and "nothing to move" in err.value.details()
+        err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        and "nothing to move" in err.value.details()
     )
 
 
@@ -295,3 +301,86 @@ async def test_a_retirement_that_cannot_drain_rolls_back_and_the_worker_serves_o
             "w2": fpb.WORKER_STATE_SERVING,
             "g1": fpb.WORKER_STATE_SERVING,
         }
+
+
+async def test_a_failed_step_reads_as_one_sentence_naming_the_peer(daemon: Daemon, ops) -> None:  # type: ignore[no-untyped-def]
+    op = await ops.MoveWorker(pb.MoveWorkerRequest(worker_id="w1", target_node="h200-1"))
+    async for update in ops.WatchOperation(pb.WatchOperationRequest(operation_id=op.id)):
+        op = update
+    (step,) = op.steps
+    assert op.state == pb.OPERATION_STATE_FAILED and step.state == pb.STEP_STATE_ROLLED_BACK
+    # The target's agent (127.0.0.1:1) is unreachable: its refusal, in the catalogue's words.
+    assert step.error.startswith("agent of node 'h200-1': "), step.error
+    assert op.error == f"step 0 (cold_start of w1): {step.error}"
+    for wire_dump in ("\n", "debug_error_string", "AioRpcError", "<", "StatusCode."):
+        assert wire_dump not in op.error, op.error
+
+
+async def test_an_idempotency_key_reused_with_another_reason_is_refused(
+    daemon: Daemon, ops
+) -> None:  # type: ignore[no-untyped-def]
+    move = pb.MoveWorkerRequest(
+        worker_id="w1", target_node="h200-1", idempotency_key="k-r", reason="first"
+    )
+    first = await ops.MoveWorker(move)
+    assert (await ops.MoveWorker(move)).id == first.id
+    move.reason = "second"
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ops.MoveWorker(move)
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "k-r" in (err.value.details() or "") and first.id in (err.value.details() or "")
+    assert len((await ops.ListOperations(pb.ListOperationsRequest())).operations) == 1
+
+
+async def test_drain_cordons_the_node_and_prefers_a_warm_move(daemon: Daemon, ops) -> None:  # type: ignore[no-untyped-def]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.port}") as ch:
+        operator = fpb_grpc.FleetOperatorStub(ch)
+        await operator.UncordonNode(fpb.UncordonNodeRequest(node_name="h100-2"))
+        # A free H100 (same GPU model: a warm move) and a free H200 (cold) can both take w1.
+        op = await ops.Drain(pb.DrainRequest(node_name="h100-1", reason="firmware"))
+        (step,) = op.steps
+        assert (step.worker_id, step.kind, step.target_node) == (
+            "w1",
+            pb.STEP_KIND_MIGRATE,
+            "h100-2",
+        )
+        nodes = {n.name: n for n in (await operator.ListNodes(fpb.ListNodesRequest())).nodes}
+    assert nodes["h100-1"].cordoned and "firmware" in nodes["h100-1"].cordon_reason
+    assert not nodes["h100-2"].cordoned
+    assert daemon.placement is not None
+    with pytest.raises(FailedPrecondition):  # nothing new lands on the node while it empties
+        daemon.placement.place_worker(
+            "llama-70b", Role.DECODE, 4, Dtype.BF16, exclude_nodes=set(NODES) - {"h100-1"}
+        )
+
+
+async def test_a_refused_drain_cordons_nothing(daemon: Daemon, ops) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ops.Drain(pb.DrainRequest(node_name="l40s-1"))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert daemon.registry is not None and not daemon.registry.get("l40s-1").cordoned
+
+
+async def test_rebalance_refuses_a_plan_that_does_not_pay_off(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    # A horizon of one second: no move's cost is won back in it.
+    planner = PlannerSettings(interval_s=0, horizon_s=1.0)
+    async with (
+        running_daemon(tmp_path, sqlite_url, planner) as app,
+        grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as ch,
+    ):
+        placement = ppb_grpc.PlacementStub(ch)
+        for _ in range(60):  # decode-heavy: the plan wants more decode capacity
+            await placement.Route(
+                ppb.RouteRequest(model="llama-70b", prompt_tokens=128, expected_output_tokens=1500)
+            )
+        plan = await ppb_grpc.PlanningStub(ch).PlanRebalance(ppb.PlanRebalanceRequest())
+        assert not plan.pays_off
+        assert {m.kind for m in plan.moves} - {ppb.MOVE_KIND_STOP}, plan  # moves, not only stops
+        ops = pb_grpc.OperationsStub(ch)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ops.Rebalance(pb.RebalanceRequest(reason="no gain"))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "does not pay off" in (err.value.details() or "")
+        assert list((await ops.ListOperations(pb.ListOperationsRequest())).operations) == []

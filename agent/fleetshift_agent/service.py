@@ -26,6 +26,7 @@ from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift_agent.snapshot import RetentionPolicy, SnapshotExists, SnapshotStore
 from fleetshift_agent.snapshot.transfer import fetch_snapshot
 from fleetshift_agent.supervisor import Supervisor, WorkerLaunch
+from fleetshift_agent.wire import ROLE_NAME_BY_PB
 from fleetshift_common.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -39,11 +40,7 @@ from fleetshift_rpc.server import ServiceBinding, channel
 log = logging.getLogger("fleetshift.agent")
 
 WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
-ROLE_NAMES = {
-    pb.WORKER_ROLE_PREFILL: "prefill",
-    pb.WORKER_ROLE_DECODE: "decode",
-    pb.WORKER_ROLE_MIXED: "mixed",
-}
+ROLE_NAMES = ROLE_NAME_BY_PB
 DTYPES = ("bf16", "fp8", "int4_w")
 DEFAULT_GRACE_S = 5.0
 T = TypeVar("T")

@@ -35,6 +35,7 @@ import grpc
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import worker_pb2 as wpb
 from fleetshift.v1 import worker_pb2_grpc as wpb_grpc
+from fleetshift_agent.wire import ROLE_BY_NAME, STATE_TO_PB
 from fleetshift_common.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -44,25 +45,17 @@ from fleetshift_common.errors import (
 )
 from fleetshift_common.failpoints import Failpoints
 from fleetshift_common.sdnotify import child_environ
+from fleetshift_common.vocabulary import WorkerState
 from fleetshift_rpc.errors import peer_error
 
 log = logging.getLogger("fleetshift.agent.supervisor")
 
 POLL_TIMEOUT_S = 3.0
 SNAPSHOT_TIMEOUT_S = 1800.0
-ROLES = {
-    "prefill": pb.WORKER_ROLE_PREFILL,
-    "decode": pb.WORKER_ROLE_DECODE,
-    "mixed": pb.WORKER_ROLE_MIXED,
-}
-STARTING, SERVING, FAILED, STOPPED = "starting", "serving", "failed", "stopped"
-ROLE_NAMES = {number: name for name, number in ROLES.items()}
-STATES = {
-    STARTING: pb.WORKER_STATE_STARTING,
-    SERVING: pb.WORKER_STATE_SERVING,
-    FAILED: pb.WORKER_STATE_FAILED,
-    STOPPED: pb.WORKER_STATE_STOPPED,
-}
+ROLES = ROLE_BY_NAME
+STARTING, SERVING = WorkerState.STARTING.value, WorkerState.SERVING.value
+FAILED, STOPPED = WorkerState.FAILED.value, WorkerState.STOPPED.value
+STATES = STATE_TO_PB
 
 
 @dataclass(frozen=True)
@@ -484,8 +477,14 @@ def _read_port(path: Path) -> int | None:
 
 
 def _tail(path: Path, lines: int = 5) -> str:
+    """What a worker that failed to start last said: the exception that ended it when its log
+    ends in a traceback (one sentence, not the cut-off frames), else its last lines."""
     with contextlib.suppress(OSError):
-        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+        said = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        if any(line.startswith("Traceback (most recent call last)") for line in said):
+            name, colon, message = said[-1].partition(": ")
+            return f"{name.rsplit('.', 1)[-1]}{colon}{message}"
+        return " | ".join(said[-lines:])
     return "(no log)"
 
 

@@ -35,7 +35,7 @@ class ServiceBinding:
 class RunningServer:
     server: grpc.aio.Server
     port: int
-    health: health.aio.HealthServicer  # type: ignore[name-defined]
+    health: health.aio.HealthServicer
 
     async def set_serving(self, serving: bool) -> None:
         status = (
@@ -63,7 +63,7 @@ async def start_server(
     )
     for binding in bindings:
         binding.add_to_server(binding.servicer, server)
-    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+    health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [b.full_name for b in bindings]
     reflection.enable_server_reflection(

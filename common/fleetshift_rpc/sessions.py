@@ -143,10 +143,10 @@ async def _locate(
                 operations_pb2.LocateSessionRequest(session_id=session_id), timeout=5
             )
             if where.endpoint and where.endpoint != old:
-                return where.endpoint
+                return str(where.endpoint)
             if where.endpoint:
                 await asyncio.sleep(0.05)
-                return where.endpoint
+                return str(where.endpoint)
         except grpc.aio.AioRpcError as err:
             if err.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
                 raise

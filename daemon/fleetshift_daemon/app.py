@@ -4,6 +4,11 @@ Everything with a lifetime (database engine, registry view, gRPC server, periodi
 systemd watchdog) is created and stopped here, in one order, so no module holds a global.
 Readiness is announced (health SERVING, sd_notify READY, port file) only after the schema is
 upgraded and the registry is loaded: a client that sees the daemon ready sees every node.
+
+Every background job (liveness sweep, planning pass, watchdog) runs as a named task that
+``stop`` cancels and awaits before the database is disposed; blocking work inside them runs
+through ``in_thread``, which lets a thread end its write even when its task is cancelled, so
+nothing writes to a disposed engine.
 """
 
 from __future__ import annotations
@@ -12,14 +17,16 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy import Engine
 
+from fleetshift_common.blocking import in_thread
 from fleetshift_common.config import DaemonConfig
-from fleetshift_common.errors import FleetShiftError
+from fleetshift_common.failpoints import Failpoints
 from fleetshift_common.lifecycle import write_port_file
 from fleetshift_common.sdnotify import SdNotifier, watchdog_interval
 from fleetshift_daemon import models
@@ -27,15 +34,17 @@ from fleetshift_daemon.api import fleet as fleet_api
 from fleetshift_daemon.api import operations as operations_api
 from fleetshift_daemon.api import placement as placement_api
 from fleetshift_daemon.api.operations import OperationsServicer
+from fleetshift_daemon.clients.fleet import GrpcFleetClient
+from fleetshift_daemon.core.execution import ExecutionSettings, Executor
 from fleetshift_daemon.core.fleet import NodeState
 from fleetshift_daemon.core.gpus import GpuCatalogue, default_catalogue
 from fleetshift_daemon.core.moves import MoveLimits, MovePlanner
-from fleetshift_daemon.core.operations import OperationKind, OperationLog
+from fleetshift_daemon.core.operations import OperationLog
 from fleetshift_daemon.core.placement import PlacementService, PlanningSettings, ServedModel
-from fleetshift_daemon.core.plans import Plan
+from fleetshift_daemon.core.planning_cycle import CycleReport
 from fleetshift_daemon.core.registry import Registry
+from fleetshift_daemon.core.submission import Submission
 from fleetshift_daemon.core.workers import WorkerTable
-from fleetshift_daemon.executor import Clients, Executor
 from fleetshift_daemon.move_signals import MoveSignals
 from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
@@ -71,8 +80,10 @@ class Daemon:
     operations: OperationLog | None = None
     moves: MovePlanner | None = None
     executor: Executor | None = None
+    submission: Submission | None = None
+    failpoints: Failpoints = field(default_factory=Failpoints)
     _scheduler: AsyncIOScheduler | None = None
-    _watchdog: asyncio.Task[None] | None = None
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)  # named background jobs
 
     @property
     def port(self) -> int:
@@ -120,14 +131,19 @@ class Daemon:
             self.registry,
             self.workers,
             self.placement,
-            Clients(cfg.max_message_bytes, tls.channel_credentials() if tls else None),
+            GrpcFleetClient(cfg.max_message_bytes, tls.channel_credentials() if tls else None),
             self.metrics,
             self.clock,
-            drain_timeout_s=p.drain_timeout_s,
+            self.failpoints,
+            ExecutionSettings(drain_timeout_s=p.drain_timeout_s),
+        )
+        self.submission = Submission(
+            self.operations, self.moves, self.executor, self.placement, self.registry
         )
         await self._serve()
         self.executor.recover()
         self._start_jobs()
+        assert self.server is not None
         write_port_file(cfg.port_file, self.server.port)
         self.notifier.ready(f"serving on port {self.server.port}")
         log.info(
@@ -179,8 +195,14 @@ class Daemon:
         interval_ms = int(self.config.heartbeat_interval_s * 1000)
         assert self.workers is not None and self.placement is not None
         assert self.operations is not None and self.moves is not None and self.executor
+        assert self.submission is not None
         ops = OperationsServicer(
-            self.operations, self.moves, self.executor, self.placement, self.workers
+            self.operations,
+            self.moves,
+            self.executor,
+            self.placement,
+            self.workers,
+            self.submission,
         )
         return [
             *operations_api.bindings(ops),
@@ -193,8 +215,9 @@ class Daemon:
     def _start_jobs(self) -> None:
         scheduler = AsyncIOScheduler()
         scheduler.add_job(
-            self._sweep,
+            self._job,
             "interval",
+            args=("liveness sweep", self._sweep),
             seconds=self.config.liveness_check_interval_s,
             id="liveness-sweep",
             max_instances=1,
@@ -202,8 +225,9 @@ class Daemon:
         )
         if self.config.planner.interval_s > 0:
             scheduler.add_job(
-                self._plan,
+                self._job,
                 "interval",
+                args=("planning pass", self._plan),
                 seconds=self.config.planner.interval_s,
                 id="planner",
                 max_instances=1,
@@ -213,12 +237,30 @@ class Daemon:
         self._scheduler = scheduler
         interval = watchdog_interval()
         if interval:
-            self._watchdog = asyncio.create_task(self._ping_watchdog(interval))
+            self._spawn("systemd watchdog", self._ping_watchdog(interval))
+
+    def _spawn(self, name: str, job: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(job, name=f"fleetshiftd {name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _job(self, name: str, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """One run of a periodic job, as a named task that stop() can cancel and await."""
+        task = asyncio.current_task()
+        assert task is not None
+        task.set_name(f"fleetshiftd {name}")
+        self._tasks.add(task)
+        try:
+            await run()
+        except asyncio.CancelledError:
+            log.debug("%s cancelled: the daemon is stopping", name)  # the scheduler's last word
+        finally:
+            self._tasks.discard(task)
 
     async def _sweep(self) -> None:
         assert self.registry is not None
         try:
-            turned = await asyncio.to_thread(self.registry.sweep)
+            turned = await in_thread(self.registry.sweep)
         except Exception:
             log.exception("liveness sweep failed; retrying at the next interval")
             return
@@ -246,7 +288,7 @@ class Daemon:
         """The periodic planning pass: publish efficiency; propose (or run) a plan."""
         assert self.placement is not None
         try:
-            report = await asyncio.to_thread(self.placement.run_cycle)
+            report = await in_thread(self._planning_cycle)
         except Exception:
             log.exception("planning pass failed; retrying at the next interval")
             return
@@ -265,31 +307,13 @@ class Daemon:
                 },
             )
             if self.config.planner.automatic:
-                await self._execute_plan(report.plan)
+                assert self.submission is not None
+                await self.submission.run_plan(report.plan)
 
-    async def _execute_plan(self, plan: Plan) -> None:
-        """Automatic mode: run the proposed plan within the move limits, one at a time."""
-        assert self.moves is not None and self.executor is not None
-        assert self.operations is not None
-        if self.executor.running():
-            return  # the last plan is still moving; the next pass re-plans from its result
-        steps = await asyncio.to_thread(self.moves.plan_steps, plan)
-        if not steps:
-            return
-        try:
-            self.moves.check_minimums(steps)
-        except FleetShiftError as err:
-            log.warning("automatic plan not executed: %s", err)
-            return
-        op, _ = await asyncio.to_thread(
-            self.operations.create,
-            OperationKind.REBALANCE,
-            "planner (automatic mode)",
-            f"efficiency {plan.efficiency_before:.3f} below target; "
-            f"predicted gain {plan.gain_tokens_per_s:,.0f} tokens/s",
-            steps,
-        )
-        self.executor.submit(op)
+    def _planning_cycle(self) -> CycleReport:
+        assert self.placement is not None
+        self.failpoints.hit("during:planning")  # tests stop the daemon in a planning pass
+        return self.placement.run_cycle()
 
     async def _ping_watchdog(self, interval: float) -> None:
         while True:
@@ -297,17 +321,21 @@ class Daemon:
             await asyncio.sleep(interval)
 
     async def stop(self, grace_s: float = 2.0) -> None:
+        """Stop taking requests, then every background job, then the executor's operations,
+        and only then dispose of the database: nothing is left that could write to it."""
         self.notifier.stopping()
-        if self.executor:
-            await self.executor.stop()
-        if self._watchdog:
-            self._watchdog.cancel()
-        if self._scheduler:
-            self._scheduler.shutdown(wait=False)
         for server in (self.server, self.operator_server):
             if server is not None:
                 await server.set_serving(False)
                 await server.server.stop(grace_s)
+        if self._scheduler:
+            self._scheduler.shutdown(wait=False)  # no new runs; the running ones are below
+        jobs = list(self._tasks)
+        for task in jobs:
+            task.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        if self.executor:
+            await self.executor.stop()
         if self.metrics_endpoint:
             self.metrics_endpoint.stop()
         if self.registry:

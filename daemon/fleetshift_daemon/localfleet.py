@@ -47,7 +47,7 @@ def _wait_for(path: Path, timeout_s: float, proc: subprocess.Popen[bytes]) -> in
         if path.exists() and path.read_text().strip():
             return int(path.read_text())
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode} before it was ready")
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before it was ready")
         time.sleep(0.05)
     raise TimeoutError(f"{path} did not appear within {timeout_s}s")
 
@@ -118,7 +118,7 @@ class LocalFleet:
             stub = health_pb2_grpc.HealthStub(ch)
             while time.monotonic() < deadline:
                 try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2)  # type: ignore[attr-defined]
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
                         return
                 except grpc.RpcError:

@@ -146,6 +146,9 @@ async def test_a_worker_that_cannot_load_fails_the_call_and_leaves_nothing(
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         details = err.value.details() or ""
         assert "exited with status" in details and "log tail" in details, details
+        # The exception that ended the worker, as one sentence, not a cut-off traceback.
+        assert "Traceback" not in details and 'File "' not in details, details
+        assert "\n" not in details, details
         info = await stub.GetAgentInfo(agent_pb2.GetAgentInfoRequest())
         assert list(info.workers) == []
         assert list((state / "workers").glob("*.json")) == []

@@ -222,11 +222,6 @@ def test_daemon_exports_the_move_with_its_phases_and_pause(moved: Moved) -> None
     assert moved.after[d].get("fleetshift_heartbeat_lag_seconds_count") > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="executor.py passes sessions_carried as the snapshot-bytes argument of step_moved; "
-    "fs-14's executor rewrite fixes that line: remove this mark when it lands",
-)
 def test_daemon_snapshot_size_is_the_snapshot_on_disk(moved: Moved) -> None:
     assert moved.delta("daemon", "fleetshift_snapshot_size_bytes_count") == 1
     total, _ = disk_bytes(moved.source_snapshot)

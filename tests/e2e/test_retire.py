@@ -149,7 +149,7 @@ async def test_rebalance_retires_surplus_workers_only_after_their_sessions_end(
         # The model's last worker is never retired: another rebalance has nothing to retire.
         with pytest.raises(grpc.aio.AioRpcError) as nothing:
             await ops.Rebalance(pb.RebalanceRequest(reason="again"), timeout=30)
-        assert nothing.value.code() == grpc.StatusCode.NOT_FOUND
+        assert nothing.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "nothing to move" in (nothing.value.details() or "")
 
 

@@ -23,6 +23,7 @@ from fleetshift_agent.engine import Engine, SamplingParams, Session, SessionExpo
 from fleetshift_agent.engine.delta import DELTA_KEY
 from fleetshift_agent.engine.state import RestoreReport, capture_state
 from fleetshift_agent.snapshot import open_snapshot
+from fleetshift_agent.wire import ROLE_BY_NAME
 from fleetshift_agent.worker.feeds import Feed, Feeds
 from fleetshift_agent.worker.runner import EngineRunner
 from fleetshift_agent.worker.snapshots import (
@@ -42,11 +43,7 @@ from fleetshift_rpc.server import ServiceBinding
 
 log = logging.getLogger("fleetshift.worker")
 
-ROLES = {
-    "prefill": fleet_pb2.WORKER_ROLE_PREFILL,
-    "decode": fleet_pb2.WORKER_ROLE_DECODE,
-    "mixed": fleet_pb2.WORKER_ROLE_MIXED,
-}
+ROLES = ROLE_BY_NAME
 
 
 @dataclass

@@ -5,7 +5,6 @@ from __future__ import annotations
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from fleetshift.v1 import fleet_pb2 as pb
-from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.core.fleet import (
     GpuInfo,
     InventorySource,
@@ -15,9 +14,12 @@ from fleetshift_daemon.core.fleet import (
     Registration,
     WorkerCounters,
 )
-from fleetshift_daemon.core.perfmodel import Dtype
-from fleetshift_daemon.core.routing import Role
 from fleetshift_daemon.core.workers import WorkerRecord, WorkerReport, WorkerSpec, WorkerState
+from fleetshift_daemon.wire import ROLE_TO_PB as ROLE_TO_PB  # re-exported for the servicers
+from fleetshift_daemon.wire import WORKER_STATE_FROM_PB as WORKER_STATE_FROM_PB
+from fleetshift_daemon.wire import WORKER_STATE_TO_PB as WORKER_STATE_TO_PB
+from fleetshift_daemon.wire import dtype as dtype
+from fleetshift_daemon.wire import role as role
 
 _SOURCE_TO_PB = {
     InventorySource.NVML: pb.INVENTORY_SOURCE_NVML,
@@ -28,7 +30,7 @@ STATE_FROM_PB = {v: k for k, v in _STATE_TO_PB.items()}
 
 
 def node_state_pb(state: NodeState) -> pb.NodeState:
-    return _STATE_TO_PB[state]  # type: ignore[return-value]
+    return _STATE_TO_PB[state]
 
 
 def registration(msg: pb.RegisterNodeRequest) -> Registration:
@@ -120,39 +122,6 @@ def node_pb(node: NodeRecord) -> pb.Node:
         registered_at=timestamp(node.registered_at),
         last_heartbeat_at=timestamp(node.last_heartbeat_at),
     )
-
-
-ROLE_TO_PB = {
-    Role.PREFILL: pb.WORKER_ROLE_PREFILL,
-    Role.DECODE: pb.WORKER_ROLE_DECODE,
-    Role.MIXED: pb.WORKER_ROLE_MIXED,
-}
-ROLE_FROM_PB = {v: k for k, v in ROLE_TO_PB.items()}
-WORKER_STATE_TO_PB = {
-    WorkerState.STARTING: pb.WORKER_STATE_STARTING,
-    WorkerState.SERVING: pb.WORKER_STATE_SERVING,
-    WorkerState.DRAINING: pb.WORKER_STATE_DRAINING,
-    WorkerState.STOPPED: pb.WORKER_STATE_STOPPED,
-    WorkerState.FAILED: pb.WORKER_STATE_FAILED,
-}
-WORKER_STATE_FROM_PB = {v: k for k, v in WORKER_STATE_TO_PB.items()}
-
-
-def role(value: int, field: str = "role") -> Role:
-    try:
-        return ROLE_FROM_PB[value]
-    except KeyError:
-        raise InvalidArgument(f"{field} must be PREFILL, DECODE or MIXED", field=field) from None
-
-
-def dtype(value: str, field: str = "dtype") -> Dtype:
-    try:
-        return Dtype(value or "bf16")
-    except ValueError:
-        names = ", ".join(d.value for d in Dtype)
-        raise InvalidArgument(
-            f"{field} must be one of {names}, got {value!r}", field=field
-        ) from None
 
 
 def worker_report(msg: pb.WorkerStatus, where: str = "workers") -> WorkerReport:

@@ -1,15 +1,15 @@
 """Servicer of the Operations service: rebalance, drain, move, and the audit history.
 
-Requests are validated into steps by ``MovePlanner`` before an operation is recorded, so a
-refused request starts nothing; accepted ones are handed to the executor and answered at once
-with the PENDING operation (progress: GetOperation or the WatchOperation stream).
+Each action is one call of the operations use case (``core.submission``): it validates the
+request into steps before an operation is recorded, so a refused request starts nothing;
+accepted ones are handed to the executor and answered at once with the PENDING operation
+(progress: GetOperation or the WatchOperation stream).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -18,6 +18,7 @@ from fleetshift.v1 import operations_pb2 as pb
 from fleetshift.v1 import operations_pb2_grpc as pb_grpc
 from fleetshift_common.errors import InvalidArgument, NotFound
 from fleetshift_daemon.api import convert
+from fleetshift_daemon.core.execution import Executor
 from fleetshift_daemon.core.moves import MovePlanner, MoveRequest
 from fleetshift_daemon.core.operations import (
     Operation,
@@ -29,8 +30,9 @@ from fleetshift_daemon.core.operations import (
     StepState,
 )
 from fleetshift_daemon.core.placement import PlacementService
+from fleetshift_daemon.core.submission import Submission
 from fleetshift_daemon.core.workers import WorkerSpec, WorkerTable, check_worker_id
-from fleetshift_daemon.executor import Executor
+from fleetshift_daemon.wire import role_pb
 from fleetshift_rpc.errors import rpc_errors, status_for
 from fleetshift_rpc.security import current_principal
 from fleetshift_rpc.server import ServiceBinding
@@ -61,11 +63,6 @@ STEP_STATE_TO_PB = {
     StepState.ROLLED_BACK: pb.STEP_STATE_ROLLED_BACK,
     StepState.SKIPPED: pb.STEP_STATE_SKIPPED,
 }
-ROLE_NAMES = {
-    "prefill": fpb.WORKER_ROLE_PREFILL,
-    "decode": fpb.WORKER_ROLE_DECODE,
-    "mixed": fpb.WORKER_ROLE_MIXED,
-}
 
 
 def step_pb(step: Step) -> pb.OperationStep:
@@ -74,9 +71,9 @@ def step_pb(step: Step) -> pb.OperationStep:
         kind=STEP_KIND_TO_PB[step.kind],
         worker_id=step.worker_id,
         target_node=step.target_node,
-        target_role=ROLE_NAMES.get(step.target_role, fpb.WORKER_ROLE_UNSPECIFIED),
+        target_role=role_pb(step.target_role),
         target_gpus=list(step.target_gpus),
-        phase=step.phase,
+        phase=step.phase.value,
         state=STEP_STATE_TO_PB[step.state],
         new_worker_id=step.new_worker_id,
         snapshot_id=step.snapshot_id,
@@ -120,43 +117,25 @@ class OperationsServicer(pb_grpc.OperationsServicer):
         executor: Executor,
         placement: PlacementService,
         workers: WorkerTable,
+        submission: Submission,
     ) -> None:
         self._ops = ops
         self._planner = planner
         self._executor = executor
         self._placement = placement
         self._workers = workers
+        self._submission = submission
         self._watchers: set[asyncio.Queue[Operation]] = set()
         loop = asyncio.get_running_loop()
-        ops.on_change(lambda op: loop.call_soon_threadsafe(self._notify, op))
+
+        def changed(op: Operation) -> None:  # called from the executor's store threads
+            loop.call_soon_threadsafe(self._notify, op)
+
+        ops.on_change(changed)
 
     def _notify(self, op: Operation) -> None:
         for queue in self._watchers:
             queue.put_nowait(op)
-
-    async def _submit(
-        self,
-        kind: OperationKind,
-        steps_of: Callable[[], tuple[Step, ...]],
-        key: str,
-        reason: str,
-        request: dict[str, Any],
-    ) -> pb.Operation:
-        if key:  # a retry with a known key answers before re-planning
-            existing = await asyncio.to_thread(self._ops.find_by_key, key, request)
-            if existing is not None:
-                return operation_pb(existing)
-        steps = await asyncio.to_thread(steps_of)
-        if not steps:
-            raise NotFound("nothing to move: the request leads to no step", field="operation")
-        self._planner.check_minimums(steps)
-        self._planner.check_limits(steps, self._executor.running())
-        op, created = await asyncio.to_thread(
-            self._ops.create, kind, _who(), reason, steps, idempotency_key=key, request=request
-        )
-        if created:
-            self._executor.submit(op)
-        return operation_pb(op)
 
     @rpc_errors
     async def StartWorker(
@@ -200,18 +179,8 @@ class OperationsServicer(pb_grpc.OperationsServicer):
         if request.target_role != fpb.WORKER_ROLE_UNSPECIFIED:
             role = convert.role(request.target_role, "target_role")
         move = MoveRequest(request.worker_id, request.target_node, tuple(request.target_gpus), role)
-        return await self._submit(
-            OperationKind.MOVE_WORKER,
-            lambda: (self._planner.move_step(move),),
-            request.idempotency_key,
-            request.reason,
-            {
-                "worker_id": request.worker_id,
-                "target_node": request.target_node,
-                "target_gpus": list(request.target_gpus),
-                "target_role": request.target_role,
-            },
-        )
+        op = await self._submission.move(move, request.idempotency_key, request.reason, _who())
+        return operation_pb(op)
 
     @rpc_errors
     async def Drain(
@@ -219,25 +188,17 @@ class OperationsServicer(pb_grpc.OperationsServicer):
     ) -> pb.Operation:
         if not request.node_name:
             raise InvalidArgument("node_name must name a node", field="node_name")
-        return await self._submit(
-            OperationKind.DRAIN,
-            lambda: self._planner.drain_steps(request.node_name),
-            request.idempotency_key,
-            request.reason or f"drain {request.node_name}",
-            {"node_name": request.node_name},
+        op = await self._submission.drain(
+            request.node_name, request.idempotency_key, request.reason, _who()
         )
+        return operation_pb(op)
 
     @rpc_errors
     async def Rebalance(
         self, request: pb.RebalanceRequest, context: grpc.aio.ServicerContext
     ) -> pb.Operation:
-        return await self._submit(
-            OperationKind.REBALANCE,
-            lambda: self._planner.plan_steps(self._placement.dry_run()),
-            request.idempotency_key,
-            request.reason or "rebalance to the best placement for the current mix",
-            {"rebalance": True},
-        )
+        op = await self._submission.rebalance(request.idempotency_key, request.reason, _who())
+        return operation_pb(op)
 
     @rpc_errors
     async def GetOperation(

@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args))
     except grpc.RpcError as err:
-        console.print(f"[red]{err.code().name}[/]: {err.details()}")  # type: ignore[attr-defined]
+        console.print(f"[red]{err.code().name}[/]: {err.details()}")
         return 1
 
 

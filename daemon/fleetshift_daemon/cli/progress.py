@@ -16,7 +16,7 @@ console = Console(stderr=True)
 
 
 def _name(enum_value: int, enum_type: object, prefix: str) -> str:
-    return enum_type.Name(enum_value).removeprefix(prefix).lower()  # type: ignore[attr-defined]
+    return str(enum_type.Name(enum_value).removeprefix(prefix).lower())  # type: ignore[attr-defined]
 
 
 def state_name(op: pb.Operation) -> str:

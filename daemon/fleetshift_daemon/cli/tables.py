@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from rich.table import Table
 
 from fleetshift.v1 import fleet_pb2 as pb
+from fleetshift_daemon.wire import ROLE_FROM_PB
 
 GiB = 1024**3
 
@@ -55,14 +56,7 @@ def nodes_table(nodes: Sequence[pb.Node], now: float | None = None) -> Table:
     return table
 
 
-ROLE_TEXT = {
-    role: name
-    for role, name in (
-        (pb.WORKER_ROLE_PREFILL, "prefill"),
-        (pb.WORKER_ROLE_DECODE, "decode"),
-        (pb.WORKER_ROLE_MIXED, "mixed"),
-    )
-}
+ROLE_TEXT = {code: role.value for code, role in ROLE_FROM_PB.items()}  # the daemon's one mapping
 
 
 def workers_table(workers: Sequence[pb.WorkerStatus]) -> Table:

@@ -22,12 +22,20 @@ from fleetshift_common.errors import (
 from fleetshift_daemon.core.fleet import NodeRecord, NodeState
 from fleetshift_daemon.core.operations import Operation, Step, StepKind
 from fleetshift_daemon.core.perfmodel import Deployment
-from fleetshift_daemon.core.placement import PlacementService
+from fleetshift_daemon.core.placement import PlacementService, WorkerSlot
 from fleetshift_daemon.core.planner import PlacedWorker
 from fleetshift_daemon.core.plans import MoveKind, Plan
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.core.routing import Role
 from fleetshift_daemon.core.workers import WorkerSpec, WorkerState, WorkerTable
+
+
+class NothingToMove(FailedPrecondition):
+    """A valid request that leads to no step (an empty node, a fleet already in place)."""
+
+
+class PlanDoesNotPayOff(FailedPrecondition):
+    """A rebalance whose moves would cost more goodput than they gain over the horizon."""
 
 
 @dataclass(frozen=True)
@@ -82,13 +90,13 @@ class MovePlanner:
                     "the move changes nothing: same node, GPUs and role", field="target_node"
                 )
             return Step(
-                index, StepKind.ROLE_CHANGE, worker.id, target.name, role.value, worker.gpu_indices
+                index, StepKind.ROLE_CHANGE, worker.id, target.name, role, worker.gpu_indices
             )
         gpus = self._target_gpus(worker.spec, target, req.target_gpus, set(reserved))
         source_kind = self._kind(self._registry.get(worker.node))
         target_kind = self._kind(target)
         kind = StepKind.MIGRATE if source_kind == target_kind else StepKind.COLD_START
-        return Step(index, kind, worker.id, target.name, role.value, gpus)
+        return Step(index, kind, worker.id, target.name, role, gpus)
 
     def _target_node(self, name: str) -> NodeRecord:
         if not name:
@@ -170,26 +178,60 @@ class MovePlanner:
             )
 
     def drain_steps(self, node_name: str) -> tuple[Step, ...]:
+        """A move for each live worker of the node, each to the best free slot elsewhere,
+        preferring a node of the same GPU model (a warm move keeps the sessions' KV) and
+        taking another model (a cold move) only where no such node has room."""
         node = self._registry.get(node_name)
         steps: list[Step] = []
         reserved: list[tuple[str, int]] = []
         for worker in self._workers.all(node=node.name):
             if not worker.state.alive:
                 continue
-            target = self._placement.place_worker(
-                worker.spec.model,
-                worker.spec.role,
-                worker.spec.tp,
-                worker.spec.dtype,
-                exclude_nodes={node.name},
-                reserved=reserved,
-            )
+            target = self._drain_target(node, worker.spec, reserved)
             step = self.move_step(
                 MoveRequest(worker.id, target.node, target.gpu_indices), len(steps), reserved
             )
             reserved.extend((target.node, i) for i in step.target_gpus)
             steps.append(step)
         return tuple(steps)
+
+    def _drain_target(
+        self, node: NodeRecord, spec: WorkerSpec, reserved: Sequence[tuple[str, int]]
+    ) -> WorkerSlot:
+        kind = self._kind(node)
+        other_kinds = {n.name for n in self._registry.nodes() if self._kind(n) != kind}
+
+        def best(excluded: set[str]) -> WorkerSlot:
+            return self._placement.place_worker(
+                spec.model,
+                spec.role,
+                spec.tp,
+                spec.dtype,
+                exclude_nodes=excluded,
+                reserved=reserved,
+            )
+
+        try:
+            return best({node.name} | other_kinds)  # a warm move, where one is possible
+        except FailedPrecondition:
+            return best({node.name})
+
+    def rebalance_steps(self, plan: Plan, horizon_s: float) -> tuple[Step, ...]:
+        """The steps of a plan worth executing: all of them when its gain over ``horizon_s``
+        beats the cost of its moves (PlanRebalance's ``pays_off``), else only the
+        retirements of surplus workers (they give GPUs back and move no session)."""
+        steps = self.plan_steps(plan)
+        if plan.pays_off(horizon_s):
+            return steps
+        retiring = [s for s in steps if s.kind is StepKind.RETIRE]
+        if steps and not retiring:
+            raise PlanDoesNotPayOff(
+                f"the plan does not pay off: a gain of {plan.gain_tokens_per_s:,.0f} tokens/s "
+                f"over the {horizon_s:.0f} s horizon does not beat its moves' cost of "
+                f"{plan.total_cost_tokens:,.0f} tokens; nothing was started",
+                field="operation",
+            )
+        return tuple(dataclasses.replace(s, index=i) for i, s in enumerate(retiring))
 
     def plan_steps(self, plan: Plan) -> tuple[Step, ...]:
         """The executable part of a plan: role changes, moves, new workers and, with
@@ -246,7 +288,7 @@ class MovePlanner:
             if serving[worker.spec.model] - 1 < floor:
                 continue
             serving[worker.spec.model] -= 1
-            out.append(Step(0, StepKind.RETIRE, worker.id, worker.node, worker.spec.role.value))
+            out.append(Step(0, StepKind.RETIRE, worker.id, worker.node, worker.spec.role))
         return out
 
     def _min_workers(self, model: str) -> int:
@@ -266,11 +308,11 @@ class MovePlanner:
             StepKind.START,
             "",
             target.node,
-            target.role.value,
+            target.role,
             gpus,
             model=target.model,
             tp=target.tp,
-            dtype=target.dtype.value,
+            dtype=target.dtype,
         )
 
     def check_minimums(self, steps: Sequence[Step]) -> None:

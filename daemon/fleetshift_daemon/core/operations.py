@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fleetshift_common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from fleetshift_common.vocabulary import Role, StepPhase
+from fleetshift_daemon.core.perfmodel import Dtype
 
 
 class OperationKind(enum.Enum):
@@ -66,18 +68,19 @@ class Step:
     kind: StepKind
     worker_id: str  # the source worker
     target_node: str
-    target_role: str = ""
+    target_role: Role | None = None
     target_gpus: tuple[int, ...] = ()
-    phase: str = "planned"  # last phase the executor completed (state machine position)
+    phase: StepPhase = StepPhase.PLANNED  # the last one the phase machine completed
     state: StepState = StepState.PENDING
     new_worker_id: str = ""
     snapshot_id: str = ""
     bytes_moved: int = 0
     sessions_carried: int = 0
     max_session_pause_ms: float = 0.0
+    snapshot_bytes: int = 0  # a warm move's snapshot (bytes_moved adds the sessions' blobs)
     model: str = ""  # START: what the new worker serves
     tp: int = 0
-    dtype: str = ""
+    dtype: Dtype | None = None
     predicted_gain: float = 0.0
     predicted_pause_s: float = 0.0
     started_at: float | None = None
@@ -88,6 +91,9 @@ class Step:
         data = dataclasses.asdict(self)
         data["kind"] = self.kind.value
         data["state"] = self.state.value
+        data["phase"] = self.phase.value
+        data["target_role"] = self.target_role.value if self.target_role else ""
+        data["dtype"] = self.dtype.value if self.dtype else ""
         data["target_gpus"] = list(self.target_gpus)
         return data
 
@@ -96,6 +102,9 @@ class Step:
         values = dict(data)
         values["kind"] = StepKind(values["kind"])
         values["state"] = StepState(values["state"])
+        values["phase"] = StepPhase(values.get("phase") or StepPhase.PLANNED)
+        values["target_role"] = Role(values["target_role"]) if values.get("target_role") else None
+        values["dtype"] = Dtype(values["dtype"]) if values.get("dtype") else None
         values["target_gpus"] = tuple(values.get("target_gpus", ()))
         return cls(**values)
 

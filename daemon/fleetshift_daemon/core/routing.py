@@ -17,7 +17,6 @@ few workers per class (power of d choices picks the least loaded) and scores onl
 
 from __future__ import annotations
 
-import enum
 import math
 import random
 import threading
@@ -25,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from fleetshift_common.errors import InvalidArgument, NotFound
+from fleetshift_common.vocabulary import Role as Role  # re-exported: routing names roles
 from fleetshift_daemon.core.corrections import Phase
 from fleetshift_daemon.core.errors import UnsupportedDeployment
 from fleetshift_daemon.core.estimator import OutputLengthEstimator
@@ -37,12 +37,6 @@ from fleetshift_daemon.core.perfmodel import (
     PerfModel,
 )
 from fleetshift_daemon.core.traffic import TrafficMonitor
-
-
-class Role(enum.Enum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-    MIXED = "mixed"
 
 
 @dataclass(frozen=True)

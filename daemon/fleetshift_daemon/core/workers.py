@@ -14,7 +14,6 @@ placement, spec, state, origin) is written to the store before the view changes.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -22,23 +21,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from fleetshift_common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from fleetshift_common.vocabulary import Role as Role
+from fleetshift_common.vocabulary import WorkerState as WorkerState
 from fleetshift_daemon.core.fleet import WorkerCounters
 from fleetshift_daemon.core.perfmodel import Dtype
-from fleetshift_daemon.core.routing import Role
 
 WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-
-
-class WorkerState(enum.Enum):
-    STARTING = "starting"
-    SERVING = "serving"
-    DRAINING = "draining"  # a move is taking its sessions away
-    STOPPED = "stopped"
-    FAILED = "failed"
-
-    @property
-    def alive(self) -> bool:
-        return self in (WorkerState.STARTING, WorkerState.SERVING, WorkerState.DRAINING)
 
 
 @dataclass(frozen=True)

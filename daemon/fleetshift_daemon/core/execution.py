@@ -1,7 +1,8 @@
-"""Executes operations: each step a persisted state machine, make-before-break.
+"""Executing operations: each step a persisted phase machine, make-before-break.
 
-A move of a worker runs through phases, and each phase is written to the operation log before
-the next action starts:
+This is where FleetShift **moves** workers. A step runs through phases, and each phase is
+written to the operation log before the next action starts (``SEQUENCES`` lists them per step
+kind):
 
     planned -> target_reserved -> [snapshot_taken -> snapshot_fetched] -> target_started
             -> source_paused -> sessions_copied -> switched -> source_retired -> done
@@ -10,12 +11,13 @@ the next action starts:
 worker is ``planned -> draining -> switched -> source_retired -> done``: the router stops
 sending it sessions and the worker refuses new ones, the executor waits until it has none, and
 only then stops it; sessions still live at the drain deadline roll the step back and the worker
-takes sessions again. Until ``switched`` the
-source worker serves, or holds its sessions paused; a failure anywhere before it rolls back:
-the target is stopped, the source resumed, nothing lost. From ``switched`` on the target owns
-every session and the step is completed forward whatever happens. A daemon that restarts
-applies the same rule to the phase it finds in the log, so every session has exactly one
-worker, and the operation records which way it went.
+takes sessions again. A role change and a start are one action each (``planned -> done``).
+
+The rule (``FORWARD_FROM``): until ``switched`` the source worker serves, or holds its sessions
+paused; a failure anywhere before it rolls back: the target is stopped, the source resumed,
+nothing lost. From ``switched`` on the target owns every session and the step is completed
+forward whatever happens. A daemon that restarts applies the same rule to the phase it finds in
+the log, so every session has exactly one worker, and the operation records which way it went.
 
 Sessions move in two stages on a warm migrate: each is copied with its KV to the target as a
 held copy while the source keeps decoding, then the source pauses at a step boundary and only
@@ -24,6 +26,10 @@ grow with the context (Llumnix). A cold start carries the token history instead,
 the target. Either way the target continues generating at once and the source cancels its
 copies only after the switch, so its clients' streams end with ABORTED "moved" and they
 re-attach through ``LocateSession`` at the token they reached.
+
+Every call to an agent or a worker goes through the injected ``FleetClient``; nothing here knows
+gRPC. Its errors are FleetShift errors with one-sentence messages, and that sentence is what an
+operator reads in a failed step.
 """
 
 from __future__ import annotations
@@ -34,18 +40,23 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
-import grpc
-
-from fleetshift.v1 import agent_pb2, agent_pb2_grpc, worker_pb2, worker_pb2_grpc
-from fleetshift_common.errors import (
-    FailedPrecondition,
-    FleetShiftError,
-)
+from fleetshift_common.blocking import in_thread
+from fleetshift_common.errors import FailedPrecondition, FleetShiftError
 from fleetshift_common.failpoints import Failpoints
-from fleetshift_daemon.api import convert
+from fleetshift_common.vocabulary import Role, StepPhase, WorkerState
+from fleetshift_daemon.core.fleet_client import (
+    AgentRef,
+    FleetClient,
+    SessionEnded,
+    WorkerAlreadyRuns,
+    WorkerGone,
+    WorkerLaunch,
+    WorkerRef,
+)
 from fleetshift_daemon.core.operations import (
     Operation,
     OperationLog,
@@ -57,67 +68,63 @@ from fleetshift_daemon.core.operations import (
 from fleetshift_daemon.core.perfmodel import Dtype
 from fleetshift_daemon.core.placement import PlacementService
 from fleetshift_daemon.core.registry import Registry
-from fleetshift_daemon.core.routing import Role
-from fleetshift_daemon.core.workers import WorkerRecord, WorkerSpec, WorkerState, WorkerTable
-from fleetshift_rpc.errors import peer_error
-from fleetshift_rpc.metrics import DaemonMetrics
-from fleetshift_rpc.server import channel
+from fleetshift_daemon.core.workers import WorkerRecord, WorkerSpec, WorkerTable
 
 log = logging.getLogger("fleetshift.daemon.executor")
 
-PHASES = (
-    "planned",
-    "draining",  # a retirement: no new sessions, waiting for the live ones to end
-    "target_reserved",
-    "snapshot_taken",
-    "snapshot_fetched",
-    "target_started",
-    "source_paused",
-    "sessions_copied",
-    "switched",
-    "source_retired",
-    "done",
-)
-SWITCHED = PHASES.index("switched")
-RPC_TIMEOUT_S = 30.0
-START_TIMEOUT_S = 600.0
-PRECOPY_ROUNDS = 8
-DRAIN_SETTLE_S = 2.0  # a retiring worker must stay idle this long before it is stopped
+P = StepPhase
+SEQUENCES: Mapping[StepKind, tuple[StepPhase, ...]] = {
+    StepKind.MIGRATE: (
+        P.TARGET_RESERVED,
+        P.SNAPSHOT_TAKEN,
+        P.SNAPSHOT_FETCHED,
+        P.TARGET_STARTED,
+        P.SOURCE_PAUSED,
+        P.SESSIONS_COPIED,
+        P.SWITCHED,
+        P.SOURCE_RETIRED,
+        P.DONE,
+    ),
+    StepKind.COLD_START: (
+        P.TARGET_RESERVED,
+        P.TARGET_STARTED,
+        P.SOURCE_PAUSED,
+        P.SESSIONS_COPIED,
+        P.SWITCHED,
+        P.SOURCE_RETIRED,
+        P.DONE,
+    ),
+    StepKind.RETIRE: (P.DRAINING, P.SWITCHED, P.SOURCE_RETIRED, P.DONE),
+    StepKind.ROLE_CHANGE: (P.DONE,),
+    StepKind.START: (P.DONE,),
+}
+FORWARD_FROM = P.SWITCHED  # from here on a step is completed, never rolled back
 
 
-class StepFailed(Exception):
-    pass
+def rolls_forward(phase: StepPhase) -> bool:
+    """The rule for a step cut short at ``phase``: complete it (True) or roll it back."""
+    return phase.rank >= FORWARD_FROM.rank
 
 
-@dataclass
-class Clients:
-    """gRPC channels to agents and workers, one per address, reused across steps.
+class PhaseHook(Protocol):
+    """Called (from a thread) after each phase is persisted: ``after:<phase>``."""
 
-    Worker channels take much larger messages than the daemon's own API: an exported session
-    carries its KV cache (tens of KB per token), so one long session is easily 100 MB."""
+    def hit(self, name: str) -> None: ...
 
-    max_message_bytes: int
-    credentials: grpc.ChannelCredentials | None = None
-    session_blob_bytes: int = 1 << 30
-    _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
 
-    def _channel(self, address: str, limit: int | None = None) -> grpc.aio.Channel:
-        if address not in self._channels:
-            self._channels[address] = channel(
-                address, limit or self.max_message_bytes, self.credentials
-            )
-        return self._channels[address]
+class MoveMetrics(Protocol):
+    def operation_finished(self, kind: str, outcome: str, duration_s: float | None) -> None: ...
 
-    def agent(self, address: str) -> agent_pb2_grpc.AgentServiceStub:
-        return agent_pb2_grpc.AgentServiceStub(self._channel(address))
+    def step_moved(self, step_kind: str, bytes_moved: int, snapshot_bytes: int = 0) -> None: ...
 
-    def worker(self, endpoint: str) -> worker_pb2_grpc.WorkerServiceStub:
-        return worker_pb2_grpc.WorkerServiceStub(self._channel(endpoint, self.session_blob_bytes))
 
-    async def close(self) -> None:
-        for ch in self._channels.values():
-            await ch.close()
-        self._channels.clear()
+@dataclass(frozen=True)
+class ExecutionSettings:
+    drain_timeout_s: float = 600.0  # a retirement's sessions must end within this
+    drain_settle_s: float = 2.0  # a retiring worker must stay idle this long before it stops
+    drain_poll_s: float = 0.5
+    stop_deadline_s: float = 120.0  # retrying a stop while an agent is down or restarting
+    precopy_rounds: int = 8
 
 
 class Executor:
@@ -127,30 +134,40 @@ class Executor:
         registry: Registry,
         workers: WorkerTable,
         placement: PlacementService,
-        clients: Clients,
-        metrics: DaemonMetrics | None = None,
+        fleet: FleetClient,
+        metrics: MoveMetrics | None = None,
         clock: Callable[[], float] = time.time,
-        failpoints: Failpoints | None = None,
-        drain_timeout_s: float = 600.0,
+        failpoints: PhaseHook | None = None,
+        settings: ExecutionSettings | None = None,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self._drain_timeout_s = drain_timeout_s
         self._ops = ops
         self._registry = registry
         self._workers = workers
         self._placement = placement
-        self._clients = clients
+        self._fleet = fleet
         self._metrics = metrics
         self._clock = clock
-        self._failpoints = failpoints or Failpoints()
+        self._monotonic = monotonic
+        self._sleep = sleep
+        self._failpoints: PhaseHook = failpoints or Failpoints()
+        self.settings = settings or ExecutionSettings()
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def submit(self, op: Operation, recovering: bool = False) -> None:
         if op.id in self._tasks and not self._tasks[op.id].done():
             return
-        self._tasks[op.id] = asyncio.create_task(
-            self._run(op.id, recovering), name=f"operation {op.id}"
-        )
+        task = asyncio.create_task(self._run(op.id, recovering), name=f"operation {op.id}")
+        self._tasks[op.id] = task
+        task.add_done_callback(lambda done: self._forget(op.id, done))
+
+    def _forget(self, op_id: str, task: asyncio.Task[None]) -> None:
+        """A finished operation's task leaves the table (its record stays in the log)."""
+        if self._tasks.get(op_id) is task:
+            del self._tasks[op_id]
 
     def recover(self) -> list[str]:
         """Resume every operation a previous daemon process left unfinished."""
@@ -162,13 +179,19 @@ class Executor:
         return resumed
 
     async def stop(self) -> None:
-        for task in self._tasks.values():
+        tasks = list(self._tasks.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-        await self._clients.close()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._fleet.close()
+
+    async def wait_idle(self) -> None:
+        """Until every operation submitted so far has ended (however it ended)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
 
     def running(self) -> list[Operation]:
-        return [self._ops.get(i) for i, t in self._tasks.items() if not t.done()]
+        return [self._ops.get(i) for i, t in list(self._tasks.items()) if not t.done()]
 
     # -- single workers (the scheduler's and operators' StartWorker / StopWorker) ---------------
     async def start_worker(
@@ -185,28 +208,25 @@ class Executor:
             created_at=self._clock(),
             operation_id=owner,  # owned: a heartbeat racing the start must not fail it
         )
-        await asyncio.to_thread(self._workers.add, record)
-        agent = self._clients.agent(self._registry.get(node).agent_address)
+        await in_thread(self._workers.add, record)
+        launch = WorkerLaunch(
+            worker_id=record.id,
+            model=spec.model,
+            model_dir=served.model_dir if served else "",
+            role=spec.role,
+            tp=spec.tp,
+            dtype=spec.dtype,
+            gpu_indices=gpus,
+        )
         try:
-            status = await agent.StartWorker(
-                agent_pb2.StartWorkerRequest(
-                    worker_id=record.id,
-                    model=spec.model,
-                    model_dir=served.model_dir if served else "",
-                    role=convert.ROLE_TO_PB[spec.role],
-                    tensor_parallel=spec.tp,
-                    dtype=spec.dtype.value,
-                    gpu_indices=list(gpus),
-                ),
-                timeout=START_TIMEOUT_S,
-            )
-        except grpc.aio.AioRpcError as err:
-            await asyncio.to_thread(self._workers.remove, record.id)
-            raise agent_error(err, node) from None
-        return await asyncio.to_thread(
+            endpoint = await self._fleet.start_worker(self._agent(node), launch)
+        except FleetShiftError:
+            await in_thread(self._workers.remove, record.id)
+            raise
+        return await in_thread(
             self._workers.update,
             record.id,
-            endpoint=status.endpoint,
+            endpoint=endpoint,
             state=WorkerState.SERVING,
             operation_id="",
         )
@@ -219,7 +239,7 @@ class Executor:
                 field="worker_id",
             )
         await self._stop_worker(worker, deadline_s=30.0)
-        return await asyncio.to_thread(
+        return await in_thread(
             self._workers.update, worker_id, state=WorkerState.STOPPED, sessions=()
         )
 
@@ -243,7 +263,7 @@ class Executor:
             try:
                 await self._run_step(op_id, step.index)
             except Exception as err:  # every failure becomes a rolled-back step, never a crash
-                failed = f"step {step.index} ({step.kind.value} of {step.worker_id}): {err}"
+                failed = f"step {step.index} ({step.kind.value} of {_subject(step)}): {err}"
                 log.error("step failed: %s", failed, extra={"operation": op_id})
         op = self._ops.get(op_id)
         if failed:
@@ -263,10 +283,10 @@ class Executor:
         for step in op.steps:
             if step.state is not StepState.RUNNING:
                 continue
-            if PHASES.index(step.phase) >= SWITCHED:
+            if rolls_forward(step.phase):
                 await self._finish_forward(op.id, step)
                 return ""
-            why = f"the daemon restarted during step {step.index} at phase {step.phase!r}"
+            why = f"the daemon restarted during step {step.index} at phase {step.phase.value!r}"
             await self._rollback(op.id, step, why)
             return why + "; rolled back"
         return ""
@@ -288,7 +308,7 @@ class Executor:
                 await self._move(op_id, step)
         except Exception as err:
             step = self._ops.get(op_id).steps[index]
-            if PHASES.index(step.phase) >= SWITCHED:
+            if rolls_forward(step.phase):
                 await self._finish_forward(op_id, step)  # the target owns the sessions now
                 return
             await self._rollback(op_id, step, str(err))
@@ -296,28 +316,25 @@ class Executor:
 
     async def _role_change(self, op_id: str, step: Step) -> None:
         worker = self._workers.get(step.worker_id)
-        role = Role(step.target_role)
-        stub = self._clients.worker(worker.endpoint)
-        info = await stub.SetRole(
-            worker_pb2.SetWorkerRoleRequest(role=convert.ROLE_TO_PB[role]), timeout=RPC_TIMEOUT_S
-        )
-        await asyncio.to_thread(
+        role = _role(step)
+        epoch = await self._fleet.set_role(_ref(worker), role)
+        await in_thread(
             self._workers.update,
             worker.id,
-            spec=_with_role(worker, role),
-            role_epoch=info.role_epoch,  # a heartbeat polled before the change must not undo it
+            spec=dataclasses.replace(worker.spec, role=role),
+            role_epoch=epoch,  # a heartbeat polled before the change must not undo it
         )
         await self._save_step(
-            op_id, step.index, phase="done", state=StepState.DONE, finished_at=self._clock()
+            op_id, step.index, phase=P.DONE, state=StepState.DONE, finished_at=self._clock()
         )
 
     async def _start_step(self, op_id: str, step: Step) -> None:
-        spec = WorkerSpec(step.model, Role(step.target_role), step.tp, Dtype(step.dtype or "bf16"))
+        spec = WorkerSpec(step.model, _role(step), step.tp, step.dtype or Dtype.BF16)
         worker = await self.start_worker(spec, step.target_node, step.target_gpus, owner=op_id)
         await self._save_step(
             op_id,
             step.index,
-            phase="done",
+            phase=P.DONE,
             state=StepState.DONE,
             new_worker_id=worker.id,
             finished_at=self._clock(),
@@ -326,134 +343,120 @@ class Executor:
     async def _retire(self, op_id: str, step: Step) -> None:
         """Drain, then stop: the worker takes no new session and is stopped once it has none."""
         worker = self._workers.get(step.worker_id)
-        if _before(step, "draining"):
+        if _before(step, P.DRAINING):
             if worker.state is not WorkerState.SERVING or worker.operation_id:
                 raise FailedPrecondition(
                     f"worker {worker.id!r} is {worker.state.value}, not serving and free",
                     field="worker_id",
                 )
-            await asyncio.to_thread(
+            await in_thread(
                 self._workers.update, worker.id, state=WorkerState.DRAINING, operation_id=op_id
             )
-            step = await self._phase(op_id, step, "draining")
-        if _before(step, "switched"):
-            await self._clients.worker(worker.endpoint).SetDraining(
-                worker_pb2.SetWorkerDrainingRequest(draining=True), timeout=RPC_TIMEOUT_S
-            )
+            step = await self._phase(op_id, step, P.DRAINING)
+        if _before(step, P.SWITCHED):
+            await self._fleet.set_draining(_ref(worker), True)
             await self._wait_drained(op_id, worker)
-            step = await self._phase(op_id, step, "switched")
+            step = await self._phase(op_id, step, P.SWITCHED)
         await self._finish_forward(op_id, step)
 
     async def _wait_drained(self, op_id: str, worker: WorkerRecord) -> None:
-        """Until the worker, which now refuses new sessions, has served none for DRAIN_SETTLE_S:
-        a session opened just before it was told to drain may still be starting."""
-        stub = self._clients.worker(worker.endpoint)
-        give_up = time.monotonic() + self._drain_timeout_s
+        """Until the worker, which now refuses new sessions, has served none for the settle
+        time: a session opened just before it was told to drain may still be starting."""
+        cfg = self.settings
+        give_up = self._monotonic() + cfg.drain_timeout_s
         idle_since: float | None = None
         while True:
-            counters = await stub.GetCounters(
-                worker_pb2.GetWorkerCountersRequest(), timeout=RPC_TIMEOUT_S
-            )
-            now = time.monotonic()
-            if counters.live_sessions:
+            live = await self._fleet.live_sessions(_ref(worker))
+            now = self._monotonic()
+            if live:
                 idle_since = None
             elif idle_since is None:
                 idle_since = now
-            if idle_since is not None and now - idle_since >= DRAIN_SETTLE_S:
+            if idle_since is not None and now - idle_since >= cfg.drain_settle_s:
                 return
             if self._ops.get(op_id).cancel_requested:
                 raise FailedPrecondition("cancelled while draining", field="operation")
-            if time.monotonic() > give_up:
+            if self._monotonic() > give_up:
                 raise FailedPrecondition(
-                    f"worker {worker.id!r} still serves {counters.live_sessions} sessions after "
-                    f"{self._drain_timeout_s:.0f} s of draining; it serves on",
+                    f"worker {worker.id!r} still serves {live} sessions after "
+                    f"{cfg.drain_timeout_s:.0f} s of draining; it serves on",
                     field="worker_id",
                 )
-            await asyncio.sleep(0.5)
+            await self._sleep(cfg.drain_poll_s)
 
     # -- a move, phase by phase ---------------------------------------------------------------
     async def _move(self, op_id: str, step: Step) -> None:
         source = self._workers.get(step.worker_id)
         warm = step.kind is StepKind.MIGRATE
-        if _before(step, "target_reserved"):
+        if _before(step, P.TARGET_RESERVED):
             step = await self._reserve(op_id, step, source)
-        if warm and _before(step, "snapshot_taken"):
+        if warm and _before(step, P.SNAPSHOT_TAKEN):
             step = await self._snapshot(op_id, step, source)
-        if warm and _before(step, "snapshot_fetched"):
+        if warm and _before(step, P.SNAPSHOT_FETCHED):
             step = await self._fetch(op_id, step, source)
-        if _before(step, "target_started"):
+        if _before(step, P.TARGET_STARTED):
             step = await self._start_target(op_id, step, source, warm)
-        if _before(step, "sessions_copied"):
+        if _before(step, P.SESSIONS_COPIED):
             step = await self._copy_sessions(op_id, step, source, warm)
-        if _before(step, "switched"):
+        if _before(step, P.SWITCHED):
             step = await self._switch(op_id, step, source)
         await self._finish_forward(op_id, step)
 
     async def _reserve(self, op_id: str, step: Step, source: WorkerRecord) -> Step:
         new_id = f"w-{uuid.uuid4().hex[:10]}"
-        await asyncio.to_thread(
+        await in_thread(
             self._workers.update, source.id, state=WorkerState.DRAINING, operation_id=op_id
         )
         target = WorkerRecord(
             id=new_id,
             node=step.target_node,
-            spec=_with_role(source, Role(step.target_role)),
+            spec=dataclasses.replace(source.spec, role=_role(step)),
             gpu_indices=step.target_gpus,
             endpoint="",
             state=WorkerState.STARTING,
             created_at=self._clock(),
             operation_id=op_id,
         )
-        await asyncio.to_thread(self._workers.add, target)
-        return await self._phase(op_id, step, "target_reserved", new_worker_id=new_id)
+        await in_thread(self._workers.add, target)
+        return await self._phase(op_id, step, P.TARGET_RESERVED, new_worker_id=new_id)
 
     async def _snapshot(self, op_id: str, step: Step, source: WorkerRecord) -> Step:
         snapshot_id = f"{op_id}-{step.index}"
-        agent = self._clients.agent(self._registry.get(source.node).agent_address)
-        reply = await agent.SnapshotWorker(
-            agent_pb2.SnapshotWorkerRequest(worker_id=source.id, snapshot_id=snapshot_id),
-            timeout=START_TIMEOUT_S,
-        )
+        size = await self._fleet.snapshot_worker(self._agent(source.node), source.id, snapshot_id)
         return await self._phase(
-            op_id, step, "snapshot_taken", snapshot_id=snapshot_id, bytes_moved=reply.size_bytes
+            op_id,
+            step,
+            P.SNAPSHOT_TAKEN,
+            snapshot_id=snapshot_id,
+            snapshot_bytes=size,
+            bytes_moved=size,
         )
 
     async def _fetch(self, op_id: str, step: Step, source: WorkerRecord) -> Step:
-        target_agent = self._clients.agent(self._registry.get(step.target_node).agent_address)
-        source_address = self._registry.get(source.node).agent_address
-        await target_agent.FetchSnapshot(
-            agent_pb2.FetchSnapshotRequest(
-                source_agent_address=source_address, snapshot_id=step.snapshot_id
-            ),
-            timeout=START_TIMEOUT_S,
+        await self._fleet.fetch_snapshot(
+            self._agent(step.target_node), self._agent(source.node), step.snapshot_id
         )
-        return await self._phase(op_id, step, "snapshot_fetched")
+        return await self._phase(op_id, step, P.SNAPSHOT_FETCHED)
 
     async def _start_target(self, op_id: str, step: Step, source: WorkerRecord, warm: bool) -> Step:
         served = self._placement.models.get(source.spec.model)
-        target_agent = self._clients.agent(self._registry.get(step.target_node).agent_address)
-        role = Role(step.target_role)
-        request = agent_pb2.StartWorkerRequest(
+        agent = self._agent(step.target_node)
+        launch = WorkerLaunch(
             worker_id=step.new_worker_id,
             model=source.spec.model,
             model_dir=served.model_dir if served else "",
-            role=convert.ROLE_TO_PB[role],
-            tensor_parallel=source.spec.tp,
-            dtype=source.spec.dtype.value,
-            gpu_indices=list(step.target_gpus),
+            role=_role(step),
+            tp=source.spec.tp,
+            dtype=source.spec.dtype,
+            gpu_indices=step.target_gpus,
             restore_snapshot_id=step.snapshot_id if warm else "",
         )
         try:
-            status = await target_agent.StartWorker(request, timeout=START_TIMEOUT_S)
-        except grpc.aio.AioRpcError as err:
-            if err.code() != grpc.StatusCode.ALREADY_EXISTS:  # a retry after a daemon restart
-                raise
-            info = await target_agent.GetAgentInfo(
-                agent_pb2.GetAgentInfoRequest(), timeout=RPC_TIMEOUT_S
-            )
-            status = next(w for w in info.workers if w.worker_id == step.new_worker_id)
-        await asyncio.to_thread(self._workers.update, step.new_worker_id, endpoint=status.endpoint)
-        return await self._phase(op_id, step, "target_started")
+            endpoint = await self._fleet.start_worker(agent, launch)
+        except WorkerAlreadyRuns:  # a retry after a daemon restart
+            endpoint = await self._fleet.worker_endpoint(agent, step.new_worker_id)
+        await in_thread(self._workers.update, step.new_worker_id, endpoint=endpoint)
+        return await self._phase(op_id, step, P.TARGET_STARTED)
 
     async def _copy_sessions(
         self, op_id: str, step: Step, source: WorkerRecord, warm: bool
@@ -462,92 +465,63 @@ class Executor:
 
         The source keeps every session until the switch (nothing is released here), so a
         failure before it still rolls back to a source that lost nothing."""
-        src = self._clients.worker(source.endpoint)
-        dst = self._clients.worker(self._workers.get(step.new_worker_id).endpoint)
+        src = _ref(source)
+        dst = _ref(self._workers.get(step.new_worker_id))
         bases: dict[str, int] = {}
         moved_bytes = 0
         if warm:  # a cold target recomputes the context anyway: pre-copy would not shorten it
             bases, moved_bytes = await self._precopy(src, dst)
-        paused_at = time.monotonic()
-        await src.Pause(worker_pb2.WorkerPauseRequest(), timeout=RPC_TIMEOUT_S)
-        step = await self._phase(op_id, step, "source_paused")
-        info = await src.GetInfo(worker_pb2.GetWorkerInfoRequest(), timeout=RPC_TIMEOUT_S)
+        paused_at = self._monotonic()
+        await self._fleet.pause(src)
+        step = await self._phase(op_id, step, P.SOURCE_PAUSED)
         moved = []
-        for session_id in info.session_ids:
+        for session_id in await self._fleet.session_ids(src):
             base = bases.get(session_id)
-            request = worker_pb2.ExportSessionRequest(
-                session_id=session_id, with_kv=warm, release=False, from_token=base or 0
-            )
             try:
-                exported = await src.ExportSession(request, timeout=RPC_TIMEOUT_S)
-            except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
-                    raise
+                exported = await self._fleet.export_session(
+                    src, session_id, with_kv=warm, from_token=base or 0
+                )
+            except SessionEnded:
                 continue  # finished meanwhile: nothing to carry (its held copy dies with it)
-            final = worker_pb2.ImportSessionRequest(blob=exported.blob)
-            if base is not None:
-                final.delta_for = session_id
-            await dst.ImportSession(final, timeout=RPC_TIMEOUT_S)
+            delta_for = session_id if base is not None else ""
+            await self._fleet.import_session(dst, exported.blob, delta_for=delta_for)
             moved.append(session_id)
             moved_bytes += len(exported.blob)
-        pause_ms = (time.monotonic() - paused_at) * 1000
-        await asyncio.to_thread(self._workers.update, step.new_worker_id, sessions=tuple(moved))
+        pause_ms = (self._monotonic() - paused_at) * 1000
+        await in_thread(self._workers.update, step.new_worker_id, sessions=tuple(moved))
         return await self._phase(
             op_id,
             step,
-            "sessions_copied",
+            P.SESSIONS_COPIED,
             sessions_carried=len(moved),
             bytes_moved=step.bytes_moved + moved_bytes,
             max_session_pause_ms=pause_ms,
         )
 
-    async def _precopy(
-        self, src: worker_pb2_grpc.WorkerServiceStub, dst: worker_pb2_grpc.WorkerServiceStub
-    ) -> tuple[dict[str, int], int]:
+    async def _precopy(self, src: WorkerRef, dst: WorkerRef) -> tuple[dict[str, int], int]:
         """Copy each live session with its KV to the target as a held (staged) copy, then
         catch up in rounds until a round finds at most one new token (Llumnix-style)."""
-        info = await src.GetInfo(worker_pb2.GetWorkerInfoRequest(), timeout=RPC_TIMEOUT_S)
         bases: dict[str, int] = {}
         copied = 0
-        for session_id in info.session_ids:
+        for session_id in await self._fleet.session_ids(src):
             try:
-                pre = await src.ExportSession(
-                    worker_pb2.ExportSessionRequest(session_id=session_id, with_kv=True),
-                    timeout=RPC_TIMEOUT_S,
-                )
-            except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
-                    raise
+                pre = await self._fleet.export_session(src, session_id, with_kv=True)
+            except SessionEnded:
                 continue
-            await dst.ImportSession(
-                worker_pb2.ImportSessionRequest(blob=pre.blob, staged=True), timeout=RPC_TIMEOUT_S
-            )
+            await self._fleet.import_session(dst, pre.blob, staged=True)
             bases[session_id] = pre.tokens
             copied += len(pre.blob)
         for session_id in list(bases):
-            for _ in range(PRECOPY_ROUNDS):
+            for _ in range(self.settings.precopy_rounds):
                 try:
-                    more = await src.ExportSession(
-                        worker_pb2.ExportSessionRequest(
-                            session_id=session_id, with_kv=True, from_token=bases[session_id]
-                        ),
-                        timeout=RPC_TIMEOUT_S,
+                    more = await self._fleet.export_session(
+                        src, session_id, with_kv=True, from_token=bases[session_id]
                     )
-                except grpc.aio.AioRpcError as err:
-                    if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
-                        raise
-                    await dst.CancelSession(
-                        worker_pb2.CancelSessionRequest(session_id=session_id),
-                        timeout=RPC_TIMEOUT_S,
-                    )
+                except SessionEnded:
+                    await self._fleet.cancel_session(dst, session_id)
                     del bases[session_id]
                     break
-                await dst.ImportSession(
-                    worker_pb2.ImportSessionRequest(
-                        blob=more.blob, delta_for=session_id, staged=True
-                    ),
-                    timeout=RPC_TIMEOUT_S,
-                )
+                await self._fleet.import_session(dst, more.blob, delta_for=session_id, staged=True)
                 grew, bases[session_id] = more.tokens - bases[session_id], more.tokens
                 copied += len(more.blob)
                 if grew <= 1:
@@ -556,49 +530,42 @@ class Executor:
 
     async def _switch(self, op_id: str, step: Step, source: WorkerRecord) -> Step:
         target = self._workers.get(step.new_worker_id)
-        await asyncio.to_thread(
-            self._workers.update, target.id, state=WorkerState.SERVING, operation_id=""
-        )
-        await asyncio.to_thread(
-            self._workers.update, source.id, state=WorkerState.DRAINING, sessions=()
-        )
-        return await self._phase(op_id, step, "switched")
+        await in_thread(self._workers.update, target.id, state=WorkerState.SERVING, operation_id="")
+        await in_thread(self._workers.update, source.id, state=WorkerState.DRAINING, sessions=())
+        return await self._phase(op_id, step, P.SWITCHED)
 
     async def _finish_forward(self, op_id: str, step: Step) -> None:
         """From the switch on: end the source's copies of the sessions, retire it, done."""
         source = self._workers.find(step.worker_id)
-        if source is not None and source.state.alive and _before(step, "source_retired"):
-            with contextlib.suppress(grpc.aio.AioRpcError):
+        if source is not None and source.state.alive and _before(step, P.SOURCE_RETIRED):
+            with contextlib.suppress(FleetShiftError):
                 await self._cancel_all(source)
             await self._stop_worker(source)
-            await asyncio.to_thread(
+            await in_thread(
                 self._workers.update,
                 source.id,
                 state=WorkerState.STOPPED,
                 operation_id="",
                 sessions=(),
             )
-            step = await self._phase(op_id, step, "source_retired")
+            step = await self._phase(op_id, step, P.SOURCE_RETIRED)
         target = self._workers.find(step.new_worker_id)
         if target is not None and target.operation_id:
-            await asyncio.to_thread(
+            await in_thread(
                 self._workers.update, target.id, state=WorkerState.SERVING, operation_id=""
             )
         await self._save_step(
-            op_id, step.index, phase="done", state=StepState.DONE, finished_at=self._clock()
+            op_id, step.index, phase=P.DONE, state=StepState.DONE, finished_at=self._clock()
         )
         if self._metrics is not None:
             done = self._ops.get(op_id).steps[step.index]
-            self._metrics.step_moved(done.kind.value, done.bytes_moved, done.sessions_carried)
+            self._metrics.step_moved(done.kind.value, done.bytes_moved, done.snapshot_bytes)
 
     async def _cancel_all(self, source: WorkerRecord) -> None:
-        src = self._clients.worker(source.endpoint)
-        info = await src.GetInfo(worker_pb2.GetWorkerInfoRequest(), timeout=RPC_TIMEOUT_S)
-        for session_id in getattr(info, "session_ids", ()):
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await src.CancelSession(
-                    worker_pb2.CancelSessionRequest(session_id=session_id), timeout=RPC_TIMEOUT_S
-                )
+        src = _ref(source)
+        for session_id in await self._fleet.session_ids(src):
+            with contextlib.suppress(FleetShiftError):
+                await self._fleet.cancel_session(src, session_id)
 
     # -- undo ---------------------------------------------------------------------------------
     async def _rollback(self, op_id: str, step: Step, why: str) -> None:
@@ -607,13 +574,13 @@ class Executor:
             for worker in self._workers.all(node=step.target_node):
                 if worker.operation_id == op_id and worker.state.alive:
                     await self._stop_worker(worker)
-                    await asyncio.to_thread(
+                    await in_thread(
                         self._workers.update, worker.id, state=WorkerState.STOPPED, operation_id=""
                     )
         target = self._workers.find(step.new_worker_id) if step.new_worker_id else None
         if target is not None and target.state.alive:
             await self._stop_worker(target)
-            await asyncio.to_thread(
+            await in_thread(
                 self._workers.update,
                 target.id,
                 state=WorkerState.STOPPED,
@@ -625,87 +592,74 @@ class Executor:
             source = None  # the step never took it (a failed check, or another operation's)
         if source is not None:
             if step.kind is StepKind.RETIRE and source.endpoint:  # take new sessions again
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    await self._clients.worker(source.endpoint).SetDraining(
-                        worker_pb2.SetWorkerDrainingRequest(draining=False), timeout=RPC_TIMEOUT_S
-                    )
-            if PHASES.index(step.phase) >= PHASES.index("target_started"):
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    await self._clients.worker(source.endpoint).Resume(
-                        worker_pb2.WorkerResumeRequest(), timeout=RPC_TIMEOUT_S
-                    )
+                with contextlib.suppress(FleetShiftError):
+                    await self._fleet.set_draining(_ref(source), False)
+            if step.phase.rank >= P.TARGET_STARTED.rank:
+                with contextlib.suppress(FleetShiftError):
+                    await self._fleet.resume(_ref(source))
             if source.state.alive:
-                await asyncio.to_thread(
+                await in_thread(
                     self._workers.update, source.id, state=WorkerState.SERVING, operation_id=""
                 )
         await self._save_step(
             op_id, step.index, state=StepState.ROLLED_BACK, error=why, finished_at=self._clock()
         )
 
-    async def _stop_worker(self, worker: WorkerRecord, deadline_s: float = 120.0) -> None:
+    async def _stop_worker(self, worker: WorkerRecord, deadline_s: float | None = None) -> None:
         """Stop a worker through its agent, retrying while the agent is down or restarting."""
         if not worker.endpoint:
             return
-        give_up = time.monotonic() + deadline_s
+        limit = self.settings.stop_deadline_s if deadline_s is None else deadline_s
+        give_up = self._monotonic() + limit
         delay = 0.2
         while True:
+            agent = self._agent(worker.node)
             try:
-                agent = self._clients.agent(self._registry.get(worker.node).agent_address)
-                await agent.StopWorker(
-                    agent_pb2.StopWorkerRequest(worker_id=worker.id), timeout=RPC_TIMEOUT_S
-                )
+                await self._fleet.stop_worker(agent, worker.id)
                 return
-            except grpc.aio.AioRpcError as err:
-                if err.code() == grpc.StatusCode.NOT_FOUND:
-                    return  # already gone
-                if time.monotonic() > give_up:
+            except WorkerGone:
+                return  # already gone
+            except FleetShiftError as err:
+                if self._monotonic() > give_up:
                     raise FailedPrecondition(
-                        f"could not stop worker {worker.id!r} on {worker.node!r}: {err.details()}",
+                        f"could not stop worker {worker.id!r} on {worker.node!r}: {err}",
                         field="worker_id",
                     ) from None
-                await asyncio.sleep(delay)
+                await self._sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    # -- persistence helpers ------------------------------------------------------------------
-    async def _phase(self, op_id: str, step: Step, phase: str, **changes: object) -> Step:
+    # -- helpers -----------------------------------------------------------------------------
+    def _agent(self, node: str) -> AgentRef:
+        return AgentRef(node, self._registry.get(node).agent_address)
+
+    async def _phase(self, op_id: str, step: Step, phase: StepPhase, **changes: object) -> Step:
         saved = await self._save_step(op_id, step.index, phase=phase, **changes)
-        await asyncio.to_thread(self._failpoints.hit, f"after:{phase}")
+        await in_thread(self._failpoints.hit, f"after:{phase.value}")
         return saved
 
     async def _save_step(self, op_id: str, index: int, **changes: object) -> Step:
-        op = await asyncio.to_thread(self._ops.update_step, op_id, index, **changes)
+        op = await in_thread(self._ops.update_step, op_id, index, **changes)
         return op.steps[index]
 
     async def _save(self, op_id: str, **changes: object) -> Operation:
-        return await asyncio.to_thread(self._ops.update, op_id, **changes)
+        return await in_thread(self._ops.update, op_id, **changes)
 
 
-# An agent's answers that mean the same to the executor's caller; others fail the step.
-_AGENT_PASSES = frozenset(
-    {
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.ALREADY_EXISTS,
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-    }
-)
+def _before(step: Step, phase: StepPhase) -> bool:
+    return step.phase.rank < phase.rank
 
 
-def agent_error(err: grpc.aio.AioRpcError, node: str) -> FleetShiftError:
-    """An agent's refusal, re-raised with the same meaning and the node named."""
-    return peer_error(
-        err,
-        f"agent of node {node!r}",
-        passes=_AGENT_PASSES,
-        default=FailedPrecondition,
-        field="node_name",
-    )
+def _ref(worker: WorkerRecord) -> WorkerRef:
+    return WorkerRef(worker.id, worker.endpoint)
 
 
-def _before(step: Step, phase: str) -> bool:
-    return PHASES.index(step.phase) < PHASES.index(phase)
+def _role(step: Step) -> Role:
+    if step.target_role is None:
+        raise FailedPrecondition(
+            f"step {step.index} ({step.kind.value}) names no target role", field="target_role"
+        )
+    return step.target_role
 
 
-def _with_role(worker: WorkerRecord, role: Role) -> WorkerSpec:
-    return dataclasses.replace(worker.spec, role=role)
+def _subject(step: Step) -> str:
+    return step.worker_id or f"a new {step.model} worker on {step.target_node}"

@@ -1,0 +1,1 @@
+"""Adapters from the core's protocols to the processes the daemon talks to."""

@@ -1,0 +1,374 @@
+"""The move phase machine, driven through every phase and every crash point.
+
+The executor runs against the in-memory fleet of ``tests/fakefleet.py`` and the daemon's real
+SQL stores (SQLite), so each case takes milliseconds. For each step kind and each phase of its
+sequence, a failure right after the phase is persisted, a peer refusing the next call, or a
+daemon restart at that point (the executor's task dies without running any cleanup; a new
+executor on freshly loaded stores recovers) must end exactly as the rule says: rolled back
+before ``switched``, completed from it on; and afterwards the registry and the fleet agree on
+which workers serve, with every session on exactly one worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fleetshift_common.config import DaemonConfig, ModelConfig
+from fleetshift_common.errors import FailedPrecondition
+from fleetshift_common.vocabulary import Role, StepPhase, WorkerState
+from fleetshift_daemon import models
+from fleetshift_daemon.core.execution import (
+    SEQUENCES,
+    ExecutionSettings,
+    Executor,
+)
+from fleetshift_daemon.core.fleet import GpuInfo, Registration
+from fleetshift_daemon.core.gpus import default_catalogue
+from fleetshift_daemon.core.moves import MovePlanner, MoveRequest
+from fleetshift_daemon.core.operations import (
+    OperationKind,
+    OperationLog,
+    OperationState,
+    Step,
+    StepKind,
+    StepState,
+)
+from fleetshift_daemon.core.perfmodel import Dtype
+from fleetshift_daemon.core.placement import PlacementService
+from fleetshift_daemon.core.registry import Registry
+from fleetshift_daemon.core.workers import WorkerRecord, WorkerSpec, WorkerTable
+from fleetshift_daemon.store.database import make_engine, upgrade
+from fleetshift_daemon.store.registry_store import SqlRegistryStore
+from fleetshift_daemon.store.work_store import (
+    SqlEfficiencyStore,
+    SqlOperationStore,
+    SqlWorkerStore,
+)
+
+from .clock import ManualClock
+from .fakefleet import FakeFleet
+
+GiB = 1024**3
+MODEL = "llama-70b"
+NODES = {
+    "h100-a": "NVIDIA H100 80GB HBM3",
+    "h100-b": "NVIDIA H100 80GB HBM3",
+    "h200-a": "NVIDIA H200",
+}
+SESSIONS = {"s1": 40, "s2": 75}
+# The rule, written out: from the switch on the target owns the sessions and a step completes;
+# before it, it rolls back.
+FORWARD = {StepPhase.SWITCHED, StepPhase.SOURCE_RETIRED}
+FAST = ExecutionSettings(drain_timeout_s=5.0, drain_settle_s=0.0, drain_poll_s=0.01)
+
+
+class DaemonCrash(BaseException):
+    """SIGKILL, as far as the executor can tell: no except clause of it runs."""
+
+
+class PhaseHook:
+    """The failpoint hook: after ``phase`` is persisted, fail the step or kill the daemon."""
+
+    def __init__(self, phase: StepPhase | None = None, crash: bool = False) -> None:
+        self.name = f"after:{phase.value}" if phase else ""
+        self.crash = crash
+        self.hits: list[str] = []
+
+    def hit(self, name: str) -> None:
+        self.hits.append(name)
+        if name == self.name:
+            self.name = ""  # once: the recovering daemon passes here again
+            if self.crash:
+                raise DaemonCrash(name)
+            raise RuntimeError(f"scripted failure {name}")
+
+
+@dataclass
+class Daemon:
+    """The parts of a daemon process the executor needs, loaded from one database."""
+
+    registry: Registry
+    workers: WorkerTable
+    ops: OperationLog
+    planner: MovePlanner
+    executor: Executor
+
+
+class World:
+    def __init__(self, tmp_path: Path) -> None:
+        self.engine = make_engine(f"sqlite:///{tmp_path / 'fleetshift.db'}")
+        upgrade(self.engine)
+        self.clock = ManualClock(1_000_000.0)
+        self.fleet = FakeFleet()
+        config = DaemonConfig(
+            models=(ModelConfig(name=MODEL, preset="llama2-70b", tp_options=(4,)),)
+        )
+        self.models = models.served_models(config)
+
+    def boot(self, hook: PhaseHook | None = None, metrics: object = None) -> Daemon:
+        """A daemon process: everything loaded from the database, as at a start."""
+        registry = Registry(SqlRegistryStore(self.engine), self.clock, 1e9)
+        registry.load()
+        workers = WorkerTable(SqlWorkerStore(self.engine), self.clock)
+        workers.load()
+        ops = OperationLog(SqlOperationStore(self.engine), self.clock)
+        ops.load()
+        placement = PlacementService(
+            registry,
+            workers,
+            default_catalogue(),
+            self.models,
+            self.clock,
+            SqlEfficiencyStore(self.engine),
+        )
+        executor = Executor(
+            ops, registry, workers, placement, self.fleet, metrics, self.clock, hook, FAST,  # type: ignore[arg-type]
+            sleep=_no_wait,
+        )  # fmt: skip
+        return Daemon(registry, workers, ops, MovePlanner(registry, workers, placement), executor)
+
+    def populate(self, daemon: Daemon) -> None:
+        for node, product in NODES.items():
+            gpus = tuple(GpuInfo(i, product, 80 * GiB) for i in range(8))
+            daemon.registry.register(Registration(node, f"agent-{node}:1", gpus))
+        for wid, node, role in (("src", "h100-a", Role.DECODE), ("other", "h200-a", Role.MIXED)):
+            endpoint = f"fake://{wid}"
+            daemon.workers.add(
+                WorkerRecord(
+                    wid, node, WorkerSpec(MODEL, role, 4, Dtype.BF16), (0, 1, 2, 3), endpoint,
+                    WorkerState.SERVING, self.clock(),
+                )
+            )  # fmt: skip
+            self.fleet.run(wid, node, role, SESSIONS if wid == "src" else {})
+
+
+async def _no_wait(_: float) -> None:
+    return None
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    w = World(tmp_path)
+    w.populate(w.boot())
+    yield w
+    w.engine.dispose()
+
+
+def step_for(daemon: Daemon, kind: StepKind) -> Step:
+    if kind is StepKind.MIGRATE:
+        return daemon.planner.move_step(MoveRequest("src", "h100-b"))
+    if kind is StepKind.COLD_START:
+        return daemon.planner.move_step(MoveRequest("src", "h200-a"))
+    if kind is StepKind.ROLE_CHANGE:
+        return daemon.planner.move_step(MoveRequest("src", "h100-a", target_role=Role.MIXED))
+    if kind is StepKind.RETIRE:
+        return Step(0, StepKind.RETIRE, "src", "h100-a", Role.DECODE)
+    return Step(
+        0, StepKind.START, "", "h100-b", Role.PREFILL, (4, 5, 6, 7), model=MODEL, tp=4,
+        dtype=Dtype.BF16,
+    )  # fmt: skip
+
+
+def sessions_kept(kind: StepKind) -> dict[str, int]:
+    """The sessions the fleet holds after the step, whichever way it ended: all of them, but
+    a retirement waits for its worker's sessions to end first."""
+    return {} if kind is StepKind.RETIRE else SESSIONS
+
+
+async def run(world: World, daemon: Daemon, kind: StepKind) -> str:
+    if kind is StepKind.RETIRE:
+        world.fleet.workers["src"].sessions.clear()  # they streamed to their end
+    step = step_for(daemon, kind)
+    assert step.kind is kind
+    op, _ = daemon.ops.create(OperationKind.MOVE_WORKER, "test", "phase machine", (step,))
+    daemon.executor.submit(op)
+    await daemon.executor.wait_idle()
+    return op.id
+
+
+def agree(world: World, daemon: Daemon, sessions: dict[str, int]) -> set[str]:
+    """The registry's serving workers are exactly the fleet's running ones, each session is on
+    exactly one worker, and no worker is left owned by an operation, paused or draining."""
+    table = {w.id for w in daemon.workers.all() if w.state is WorkerState.SERVING}
+    assert table == world.fleet.running()
+    assert all(not w.state.alive for w in daemon.workers.all() if w.id not in table)
+    assert all(not w.operation_id for w in daemon.workers.all())
+    live = [s for w in world.fleet.workers.values() for s in w.sessions]
+    assert sorted(live) == sorted(sessions)
+    assert not any(w.paused or w.draining or w.staged for w in world.fleet.workers.values())
+    return table
+
+
+def completed(world: World, daemon: Daemon, op_id: str, kind: StepKind) -> None:
+    op = daemon.ops.get(op_id)
+    (step,) = op.steps
+    assert (op.state, step.state, step.phase) == (
+        OperationState.SUCCEEDED,
+        StepState.DONE,
+        StepPhase.DONE,
+    ), op
+    serving = agree(world, daemon, sessions_kept(kind))
+    if kind in (StepKind.MIGRATE, StepKind.COLD_START):
+        assert serving == {"other", step.new_worker_id}
+        moved = world.fleet.workers[step.new_worker_id]
+        assert moved.node == step.target_node and moved.sessions == SESSIONS
+        assert daemon.workers.get("src").state is WorkerState.STOPPED
+        assert step.sessions_carried == len(SESSIONS)
+        assert (moved.restored_from == step.snapshot_id != "") is (kind is StepKind.MIGRATE)
+    elif kind is StepKind.RETIRE:
+        assert serving == {"other"}
+    elif kind is StepKind.ROLE_CHANGE:
+        assert world.fleet.workers["src"].role is Role.MIXED
+        assert daemon.workers.get("src").spec.role is Role.MIXED
+
+
+def rolled_back(world: World, daemon: Daemon, op_id: str, kind: StepKind, why: str) -> None:
+    op = daemon.ops.get(op_id)
+    (step,) = op.steps
+    assert (op.state, step.state) == (OperationState.FAILED, StepState.ROLLED_BACK), op
+    assert why in step.error and why in op.error
+    assert "\n" not in op.error and "debug_error_string" not in op.error
+    serving = agree(world, daemon, sessions_kept(kind))
+    assert "src" in serving and world.fleet.workers["src"].sessions == sessions_kept(kind)
+    assert world.fleet.workers["src"].role is Role.DECODE
+    if kind is StepKind.START:
+        assert serving == {"src", "other"}
+    if step.new_worker_id:
+        assert step.new_worker_id not in serving
+
+
+CASES = [
+    (kind, phase)
+    for kind in (StepKind.MIGRATE, StepKind.COLD_START, StepKind.RETIRE)
+    for phase in SEQUENCES[kind]
+    if phase is not StepPhase.DONE  # reached without a hook: the step has ended
+]
+
+
+@pytest.mark.parametrize(("kind", "phase"), CASES, ids=lambda v: getattr(v, "value", v))
+async def test_a_failure_right_after_a_phase_follows_the_rule(
+    world: World, kind: StepKind, phase: StepPhase
+) -> None:
+    daemon = world.boot(PhaseHook(phase))
+    op_id = await run(world, daemon, kind)
+    if phase in FORWARD:
+        completed(world, daemon, op_id, kind)
+    else:
+        rolled_back(world, daemon, op_id, kind, f"scripted failure after:{phase.value}")
+
+
+@pytest.mark.parametrize(("kind", "phase"), CASES, ids=lambda v: getattr(v, "value", v))
+async def test_a_daemon_restart_at_a_phase_follows_the_rule(
+    world: World, kind: StepKind, phase: StepPhase
+) -> None:
+    first = world.boot(PhaseHook(phase, crash=True))
+    op_id = await run(world, first, kind)
+    op = first.ops.get(op_id)
+    assert op.state is OperationState.RUNNING and op.steps[0].phase is phase  # cut short here
+    second = world.boot()  # a new process: everything from the database
+    assert second.executor.recover() == [op_id]
+    await second.executor.wait_idle()
+    if phase in FORWARD:
+        completed(world, second, op_id, kind)
+    else:
+        why = f"the daemon restarted during step 0 at phase {phase.value!r}"
+        rolled_back(world, second, op_id, kind, why)
+
+
+@pytest.mark.parametrize("kind", list(SEQUENCES), ids=lambda k: k.value)
+async def test_each_step_passes_exactly_its_phases_in_order(world: World, kind: StepKind) -> None:
+    hook = PhaseHook()
+    daemon = world.boot(hook)
+    op_id = await run(world, daemon, kind)
+    completed(world, daemon, op_id, kind)
+    persisted = [StepPhase(h.removeprefix("after:")) for h in hook.hits]
+    assert [*persisted, StepPhase.DONE] == list(SEQUENCES[kind])
+
+
+# The fleet call each step kind makes, and the phase the step has reached when it is made.
+REFUSALS = [
+    (StepKind.MIGRATE, "snapshot_worker"),
+    (StepKind.MIGRATE, "fetch_snapshot"),
+    (StepKind.MIGRATE, "start_worker"),
+    (StepKind.MIGRATE, "import_session"),
+    (StepKind.MIGRATE, "pause"),
+    (StepKind.COLD_START, "start_worker"),
+    (StepKind.COLD_START, "export_session"),
+    (StepKind.COLD_START, "import_session"),
+    (StepKind.RETIRE, "set_draining"),
+    (StepKind.RETIRE, "live_sessions"),
+    (StepKind.ROLE_CHANGE, "set_role"),
+    (StepKind.START, "start_worker"),
+]
+
+
+@pytest.mark.parametrize(("kind", "method"), REFUSALS, ids=lambda v: getattr(v, "value", v))
+async def test_a_peer_refusing_before_the_switch_rolls_the_step_back(
+    world: World, kind: StepKind, method: str
+) -> None:
+    daemon = world.boot()
+    world.fleet.fail(method, FailedPrecondition(f"agent of node 'x': {method} refused (test)"))
+    op_id = await run(world, daemon, kind)
+    rolled_back(world, daemon, op_id, kind, f"{method} refused (test)")
+
+
+async def test_a_peer_refusing_after_the_switch_does_not_undo_the_move(world: World) -> None:
+    daemon = world.boot()
+    world.fleet.fail("stop_worker")  # the source's agent, once: the stop is retried
+    op_id = await run(world, daemon, StepKind.MIGRATE)
+    completed(world, daemon, op_id, StepKind.MIGRATE)
+    assert world.fleet.calls.count("stop_worker") == 2
+    assert daemon.ops.get(op_id).steps[0].error == ""
+
+
+async def test_a_session_that_ends_during_the_move_is_not_carried(world: World) -> None:
+    daemon = world.boot()
+    world.fleet.end_session("src", "s1", before="export_session", nth=3)  # after its pre-copy
+    op_id = await run(world, daemon, StepKind.MIGRATE)
+    op = daemon.ops.get(op_id)
+    assert op.state is OperationState.SUCCEEDED and op.steps[0].sessions_carried == 1
+    target = world.fleet.workers[op.steps[0].new_worker_id]
+    assert target.sessions == {"s2": SESSIONS["s2"]} and not target.staged  # held copy dropped
+    agree(world, daemon, {"s2": SESSIONS["s2"]})
+
+
+async def test_the_snapshot_size_reaches_the_metric_as_bytes(world: World) -> None:
+    seen: list[tuple[str, int, int]] = []
+
+    class Metrics:
+        def operation_finished(self, kind: str, outcome: str, duration_s: float | None) -> None:
+            pass
+
+        def step_moved(self, step_kind: str, bytes_moved: int, snapshot_bytes: int = 0) -> None:
+            seen.append((step_kind, bytes_moved, snapshot_bytes))
+
+    daemon = world.boot(metrics=Metrics())
+    op_id = await run(world, daemon, StepKind.MIGRATE)
+    step = daemon.ops.get(op_id).steps[0]
+    assert step.snapshot_bytes == 4096 and step.sessions_carried == 2
+    assert seen == [("migrate", step.bytes_moved, 4096)]
+
+
+async def test_a_finished_operation_leaves_the_executors_task_table(world: World) -> None:
+    daemon = world.boot()
+    await run(world, daemon, StepKind.ROLE_CHANGE)
+    assert daemon.executor.running() == []
+    assert daemon.executor._tasks == {}
+
+
+def test_steps_keep_their_typed_vocabulary_through_the_log(world: World) -> None:
+    daemon = world.boot()
+    step = dataclasses.replace(step_for(daemon, StepKind.START), phase=StepPhase.TARGET_STARTED)
+    op, _ = daemon.ops.create(OperationKind.REBALANCE, "test", "types", (step,))
+    again = world.boot().ops.get(op.id).steps[0]
+    assert again == step
+    assert (again.target_role, again.dtype, again.phase) == (
+        Role.PREFILL,
+        Dtype.BF16,
+        StepPhase.TARGET_STARTED,
+    )
