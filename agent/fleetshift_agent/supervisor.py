@@ -35,7 +35,7 @@ import grpc
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import worker_pb2 as wpb
 from fleetshift.v1 import worker_pb2_grpc as wpb_grpc
-from fleetshift_agent.wire import ROLE_BY_NAME, STATE_TO_PB
+from fleetshift_agent.wire import ROLE_BY_NAME, ROLE_NAME_BY_PB, STATE_TO_PB
 from fleetshift_common.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -149,7 +149,9 @@ class Supervisor:
         counts: dict[tuple[str, str], int] = {}
         for worker in self.workers.values():
             live = self.live.get(worker.worker_id)
-            role = ROLE_NAMES.get(live.role, worker.launch.role) if live else worker.launch.role
+            role = worker.launch.role
+            if live:
+                role = ROLE_NAME_BY_PB.get(live.role, role)
             counts[(role, worker.state)] = counts.get((role, worker.state), 0) + 1
         return counts
 

@@ -16,7 +16,7 @@ ROLE_TO_PB = {
     Role.MIXED: pb.WORKER_ROLE_MIXED,
 }
 ROLE_BY_NAME = {role.value: code for role, code in ROLE_TO_PB.items()}
-ROLE_NAME_BY_PB = {code: role.value for role, code in ROLE_TO_PB.items()}
+ROLE_NAME_BY_PB: dict[int, str] = {code: role.value for role, code in ROLE_TO_PB.items()}
 STATE_TO_PB = {
     WorkerState.STARTING.value: pb.WORKER_STATE_STARTING,
     WorkerState.SERVING.value: pb.WORKER_STATE_SERVING,

@@ -179,7 +179,8 @@ def render(console: Console, fits: Sequence[Profile], check: Profile, rep: Repor
     fitted_on = ", ".join(f"{p.csv} ({p.arch.name})" for p in fits) or "the shipped factors"
     table = Table(title=f"{check.csv} ({check.arch.name}) predicted from {fitted_on}")
     for column in ("hardware", "phase", "rows", "median |err| %", "p90 |err| %", "bias %"):
-        table.add_column(column, justify="right" if "%" in column or column == "rows" else None)
+        numeric = "%" in column or column == "rows"
+        table.add_column(column, justify="right" if numeric else "default")
     for e in rep.errors:
         table.add_row(
             f"{rep.hardware[e.kind]} ({e.kind})",
