@@ -227,6 +227,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "simulate", help="replay a trace on a simulated fleet: fleetshift simulate --help"
     )
+    sub.add_parser("profile", help="measure a model on a running worker: fleetshift profile --help")
     cordon = sub.add_parser("cordon", help="stop placing work on a node")
     cordon.add_argument("node")
     cordon.add_argument("--reason", default="")
@@ -287,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         from fleetshift_daemon.sim.cli import main as simulate
 
         return int(simulate(argv[1:]) or 0)
+    if argv[:1] == ["profile"]:  # fleetshift profile --worker HOST:PORT --config DIR --out CSV
+        from fleetshift_daemon.cli.profile import main as profile
+
+        return profile(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return int(args.run(args))
