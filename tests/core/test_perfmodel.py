@@ -170,3 +170,38 @@ def test_worker_measurements_correct_the_model_per_kind_and_phase() -> None:
     )
     factor = m.record_prefill(dep, [1000, 2000], observed_s=10.0)
     assert 1.0 < factor <= 2.0
+
+
+def test_a_calibration_of_the_model_on_its_kind_takes_precedence_and_says_measured() -> None:
+    from dataclasses import replace
+
+    from fleetshift_daemon.core.perf_factors import shipped_factors
+
+    arch = llama2_70b()
+    h100, a100 = Deployment(arch, H100_SXM, 4), Deployment(arch, A100_SXM_80GB, 4)
+    slower = replace(shipped_factors().for_kind("H100-SXM"), bw_eff=0.35)
+    m = PerfModel(calibrations={(arch.name, "H100-SXM"): slower})
+    base = PerfModel()
+    assert m.is_measured(h100) and not m.is_measured(a100)
+    assert not base.is_measured(h100)
+    assert m.factors_for(h100) == slower
+    assert m.decode_step_time_s(h100, 1, 1000) > 1.2 * base.decode_step_time_s(h100, 1, 1000)
+    # another model on the same kind, and the same model on another kind, are untouched
+    other = Deployment(replace(arch, name="llama2-70b-copy"), H100_SXM, 4)
+    assert not m.is_measured(other)
+    assert m.decode_step_time_s(other, 1, 1000) == base.decode_step_time_s(h100, 1, 1000)
+    assert m.decode_step_time_s(a100, 1, 1000) == base.decode_step_time_s(a100, 1, 1000)
+
+
+def test_factors_round_trip_through_plain_numbers_and_bad_ones_are_named() -> None:
+    from fleetshift_daemon.core.perf_factors import KindFactors, shipped_factors
+
+    kf = shipped_factors().for_kind("A100-SXM-80GB")
+    assert KindFactors.from_mapping(kf.to_dict()) == kf
+    bad = {**kf.to_dict(), "bw_eff": "fast"}
+    with pytest.raises(FleetShiftError) as exc:
+        KindFactors.from_mapping(bad)
+    assert exc.value.field == "bw_eff"
+    with pytest.raises(FleetShiftError) as exc:
+        KindFactors.from_mapping({**kf.to_dict(), "warp_speed": 1.0})
+    assert exc.value.field == "warp_speed"

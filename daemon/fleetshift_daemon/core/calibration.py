@@ -34,7 +34,7 @@ from scipy.optimize import least_squares  # type: ignore[import-untyped]
 from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.core.corrections import Phase
 from fleetshift_daemon.core.gpus import A100_SXM_80GB, H100_SXM, H100_SXM_PCAP70, GpuKind
-from fleetshift_daemon.core.perf_factors import EfficiencyFactors, KindFactors
+from fleetshift_daemon.core.perf_factors import CalibrationKey, EfficiencyFactors, KindFactors
 from fleetshift_daemon.core.perfmodel import Deployment, ModelArch, PerfModel, llama2_70b
 
 # hardware column of the reference file -> (kind modelled, kind whose factors it shares)
@@ -73,6 +73,7 @@ class Measurement:
     token_size: int
     phase: Phase
     seconds: float  # median over repeats
+    model: str = ""  # the file's model column, as written
 
     @property
     def kind(self) -> GpuKind:
@@ -83,8 +84,10 @@ def load_measurements(path: Path) -> list[Measurement]:
     """Medians per configuration: prefill keyed without token_size (it does not depend on it)."""
     prefill: dict[tuple[str, int, int, int], list[float]] = defaultdict(list)
     decode: dict[tuple[str, int, int, int, int], list[float]] = defaultdict(list)
+    model = ""
     with path.open(newline="") as fh:
         for i, row in enumerate(csv.DictReader(fh), start=2):
+            model = model or row.get("model") or ""
             hw = row["hardware"]
             if hw not in HARDWARE_KINDS:
                 raise InvalidArgument(f"{path}:{i}: unknown hardware {hw!r}", field="hardware")
@@ -97,11 +100,11 @@ def load_measurements(path: Path) -> list[Measurement]:
             prefill[(hw, tp, p, b)].append(float(row["prompt_time"]) / 1e3)
             decode[(hw, tp, p, b, t)].append(float(row["token_time"]) / 1e3)
     out = [
-        Measurement(hw, tp, p, b, 0, Phase.PREFILL, statistics.median(v))
+        Measurement(hw, tp, p, b, 0, Phase.PREFILL, statistics.median(v), model)
         for (hw, tp, p, b), v in sorted(prefill.items())
     ]
     out += [
-        Measurement(hw, tp, p, b, t, Phase.DECODE, statistics.median(v))
+        Measurement(hw, tp, p, b, t, Phase.DECODE, statistics.median(v), model)
         for (hw, tp, p, b, t), v in sorted(decode.items())
     ]
     return out
@@ -173,6 +176,19 @@ def fit(data: Sequence[Measurement], arch: ModelArch | None = None) -> Efficienc
     return EfficiencyFactors(per_kind=per_kind, aliases={"H200-SXM": "H100-SXM"})
 
 
+def fit_calibrations(
+    data: Sequence[Measurement], arch: ModelArch
+) -> dict[CalibrationKey, KindFactors]:
+    """Factors fitted on one model's measurements, keyed (model, GPU kind) for ``PerfModel``.
+
+    Only the kinds the data measured get a key: a kind whose factors came from its fitting
+    partner (H100 for the power-capped H100) is measured too, since its rows were in the fit.
+    """
+    measured = {m.kind.name for m in data}
+    factors = fit(data, arch)
+    return {(arch.name, kind): kf for kind, kf in factors.per_kind.items() if kind in measured}
+
+
 @dataclass(frozen=True)
 class FitError:
     kind: str
@@ -181,22 +197,36 @@ class FitError:
     median_abs_pct: float
     p90_abs_pct: float
     max_abs_pct: float
+    median_bias_pct: float = 0.0  # signed: > 0 predicts slower than measured
 
 
 def fit_errors(
-    factors: EfficiencyFactors, data: Iterable[Measurement], arch: ModelArch | None = None
+    factors: EfficiencyFactors,
+    data: Iterable[Measurement],
+    arch: ModelArch | None = None,
+    calibrations: Mapping[CalibrationKey, KindFactors] | None = None,
 ) -> list[FitError]:
-    """Median (and max) absolute % error of predicted vs measured, per GPU kind and phase."""
+    """Median, p90 and max absolute % error and the signed median bias, per kind and phase."""
     arch = arch or llama2_70b()
-    model = PerfModel(factors)
+    model = PerfModel(factors, calibrations=calibrations)
     errs: dict[tuple[str, Phase], list[float]] = defaultdict(list)
     for m in data:
-        err = abs(predict(model, arch, m) / m.seconds - 1.0) * 100.0
-        errs[(m.kind.name, m.phase)].append(err)
-    return [
-        FitError(k, ph, len(v), statistics.median(v), float(np.percentile(v, 90)), max(v))
-        for (k, ph), v in sorted(errs.items(), key=lambda kv: (kv[0][0], kv[0][1].value))
-    ]
+        errs[(m.kind.name, m.phase)].append((predict(model, arch, m) / m.seconds - 1.0) * 100.0)
+    out = []
+    for (k, ph), signed in sorted(errs.items(), key=lambda kv: (kv[0][0], kv[0][1].value)):
+        v = [abs(e) for e in signed]
+        out.append(
+            FitError(
+                k,
+                ph,
+                len(v),
+                statistics.median(v),
+                float(np.percentile(v, 90)),
+                max(v),
+                statistics.median(signed),
+            )
+        )
+    return out
 
 
 def format_factors(per_kind: Mapping[str, KindFactors]) -> str:

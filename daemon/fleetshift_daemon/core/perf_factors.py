@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import MISSING as MISSING_DEFAULT
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from fleetshift_common.errors import InvalidArgument
+
+# (model name, GPU kind name): what a per-model calibration is fitted for and looked up by.
+CalibrationKey = tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,29 @@ class KindFactors:
         for name in ("compute_eff", "bw_eff", "comm_eff", "compute_scale"):
             if not 0 < getattr(self, name) <= 1.0:
                 raise InvalidArgument(f"{name} must be in (0, 1]", field=name)
+
+    def to_dict(self) -> dict[str, float]:
+        """Plain numbers by factor name, for storing a calibration as JSON (never pickle)."""
+        return {f.name: float(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], where: str = "factors") -> KindFactors:
+        """The inverse of ``to_dict``; an unknown, missing or non-numeric key is named."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise InvalidArgument(f"{where}.{unknown[0]}: unknown factor", field=unknown[0])
+        values: dict[str, float] = {}
+        for f in fields(cls):
+            if f.name not in data:
+                if f.default is not MISSING_DEFAULT:
+                    continue
+                raise InvalidArgument(f"{where}.{f.name} is required", field=f.name)
+            raw = data[f.name]
+            if isinstance(raw, bool) or not isinstance(raw, int | float):
+                raise InvalidArgument(f"{where}.{f.name} must be a number", field=f.name)
+            values[f.name] = float(raw)
+        return cls(**values)
 
 
 @dataclass(frozen=True)

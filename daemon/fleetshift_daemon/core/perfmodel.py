@@ -22,13 +22,18 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from fleetshift_common.errors import InvalidArgument
+from fleetshift_daemon.core.archs import ModelArch
 from fleetshift_daemon.core.corrections import CorrectionTable, Phase
-from fleetshift_daemon.core.errors import InvalidModelArch, UnsupportedDeployment
+from fleetshift_daemon.core.errors import UnsupportedDeployment
 from fleetshift_daemon.core.gpus import GpuKind
-from fleetshift_daemon.core.perf_factors import EfficiencyFactors, KindFactors, shipped_factors
+from fleetshift_daemon.core.perf_factors import (
+    CalibrationKey,
+    EfficiencyFactors,
+    KindFactors,
+    shipped_factors,
+)
 
 __all__ = [
     "Deployment",
@@ -52,83 +57,6 @@ class Dtype(enum.Enum):
     @property
     def bytes_per_weight(self) -> float:
         return {Dtype.BF16: 2.0, Dtype.FP8: 1.0, Dtype.INT4_W: 0.5}[self]
-
-
-@dataclass(frozen=True)
-class ModelArch:
-    name: str
-    n_layers: int
-    hidden: int
-    n_heads: int
-    n_kv_heads: int
-    intermediate: int
-    vocab: int
-    head_dim: int
-    gated_mlp: bool = True  # SwiGLU (Llama/Mistral/Qwen): 3 MLP matrices; GPT-NeoX: 2
-    tied_embeddings: bool = False
-
-    def __post_init__(self) -> None:
-        ints = ("n_layers", "hidden", "n_heads", "n_kv_heads", "intermediate", "vocab", "head_dim")
-        for f in ints:
-            value = getattr(self, f)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise InvalidModelArch(f"{f} must be a positive integer, got {value!r}", field=f)
-        if self.n_heads % self.n_kv_heads:
-            raise InvalidModelArch(
-                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})",
-                field="n_kv_heads",
-            )
-
-    @classmethod
-    def from_hf_config(cls, name: str, cfg: Mapping[str, Any]) -> ModelArch:
-        """Read a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, GPT-NeoX key names)."""
-
-        def pick(*keys: str, default: Any = None) -> Any:
-            for k in keys:
-                if k in cfg and cfg[k] is not None:
-                    return cfg[k]
-            if default is None:
-                raise InvalidModelArch(f"config lacks {keys[0]}", field=keys[0])
-            return default
-
-        hidden = pick("hidden_size", "n_embd", "d_model")
-        n_heads = pick("num_attention_heads", "n_head")
-        for key, value in (("hidden_size", hidden), ("num_attention_heads", n_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise InvalidModelArch(f"{key} must be a positive integer", field=key)
-        model_type = str(cfg.get("model_type", ""))
-        act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu")))
-        gated = model_type not in ("gpt_neox", "gpt2", "gptj") and "gelu" not in act
-        return cls(
-            name=name,
-            n_layers=pick("num_hidden_layers", "n_layer", "num_layers"),
-            hidden=hidden,
-            n_heads=n_heads,
-            n_kv_heads=pick("num_key_value_heads", "num_kv_heads", default=n_heads),
-            intermediate=pick("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden),
-            vocab=pick("vocab_size"),
-            head_dim=pick("head_dim", default=hidden // n_heads if hidden % n_heads == 0 else -1),
-            gated_mlp=gated,
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        )
-
-    @property
-    def attn_dim(self) -> int:
-        return self.n_heads * self.head_dim
-
-    @property
-    def layer_params(self) -> int:
-        kv = self.n_kv_heads * self.head_dim
-        attn = self.hidden * self.attn_dim * 2 + self.hidden * kv * 2
-        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
-        return attn + mlp + 2 * self.hidden  # + two norms
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-
-    def param_count(self) -> int:
-        return self.n_layers * self.layer_params + self.embedding_params + self.hidden
 
 
 def llama2_70b() -> ModelArch:
@@ -271,19 +199,39 @@ def _raw_coefficients(dep: Deployment, kf: KindFactors, reserve: float) -> PerfC
 
 
 class PerfModel:
-    """Predicted prefill and decode-step times of a deployment, corrected online."""
+    """Predicted prefill and decode-step times of a deployment, corrected online.
+
+    ``factors`` are per GPU kind and transferable: hardware properties that hold for any model.
+    ``calibrations`` are factors fitted on one model's measurements on one GPU kind, keyed by
+    (model name, GPU kind name); where one exists it takes precedence, because a profile of the
+    model itself beats a transfer from another model.
+    """
 
     def __init__(
         self,
         factors: EfficiencyFactors | None = None,
         corrections: CorrectionTable | None = None,
+        calibrations: Mapping[CalibrationKey, KindFactors] | None = None,
     ) -> None:
         self.factors = factors or shipped_factors()
         self.corrections = corrections
+        self.calibrations: Mapping[CalibrationKey, KindFactors] = dict(calibrations or {})
         self._coeff = functools.lru_cache(maxsize=4096)(self._coefficients_uncached)
 
+    def factors_for(self, dep: Deployment) -> KindFactors:
+        """The deployment's own calibration if it has one, else its GPU kind's factors."""
+        own = self.calibrations.get((dep.arch.name, dep.gpu.name))
+        return own if own is not None else self.factors.for_kind(dep.gpu.name)
+
+    def is_measured(self, dep: Deployment) -> bool:
+        """True when this (model, GPU kind) was fitted on measurements of that model there.
+
+        False means its times are predicted from hardware figures and transferable factors.
+        """
+        return (dep.arch.name, dep.gpu.name) in self.calibrations
+
     def _coefficients_uncached(self, dep: Deployment, reserve: float) -> PerfCoefficients:
-        return _raw_coefficients(dep, self.factors.for_kind(dep.gpu.name), reserve)
+        return _raw_coefficients(dep, self.factors_for(dep), reserve)
 
     def coefficients(self, dep: Deployment, reserve_fraction: float = 0.1) -> PerfCoefficients:
         """Cached per deployment; raises ``UnsupportedDeployment`` for what cannot run."""
