@@ -221,6 +221,27 @@ def _measurement(
     )
 
 
+def cpu_kind(hardware: str, peaks: Mapping[str, float], memory_gb: float) -> GpuKind:
+    """A CPU as a "hardware kind": the peak compute and bandwidth ``fleetshift profile``
+    measured on it (a timed matmul and memory copy, in its sidecar), never invented figures.
+
+    The engine computes in float32 on a CPU, so the measured float32 rate stands where a GPU
+    has its dense BF16 figure; a CPU worker is one socket, so the interconnect never counts."""
+    tflops = float(peaks["matmul_tflops"])
+    return GpuKind(
+        name=hardware,
+        product_patterns=(),
+        bf16_tflops=tflops,
+        fp8_tflops=None,
+        int8_tops=tflops,
+        hbm_gb=memory_gb,
+        hbm_tbps=float(peaks["copy_gbps"]) / 1e3,
+        nvlink_gbps=0.0,
+        tdp_w=1.0,
+        price_per_hour=0.0,
+    )
+
+
 Fitter = Callable[[Sequence[calibration.Measurement], ModelArch, GpuKind], KindFactors]
 
 

@@ -135,10 +135,15 @@ def worker_description(info: worker_pb2.WorkerInfo) -> dict[str, Any]:
     }
 
 
+def memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def host_description(local: bool, peaks: Peaks | None) -> dict[str, Any]:
     return {
         "cpu_model": cpu_model_name(),
         "cpu_cores": os.cpu_count(),
+        "memory_gb": round(memory_bytes() / 1e9, 2),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch_version": torch.__version__,
