@@ -57,7 +57,9 @@ def main(argv: list[str]) -> int:
         text, path, arch, sidecar = fit_on
         host = sidecar["host"]  # type: ignore[index]
         peaks = host["measured_peaks"]  # type: ignore[index]
-        kind = cpu_kind(str(sidecar["hardware"]), peaks, float(host.get("memory_gb", 24.0)))  # type: ignore[union-attr]
+        dtype = str(sidecar["worker"]["dtype"])  # type: ignore[index]
+        memory = float(host.get("memory_gb", 24.0))  # type: ignore[union-attr]
+        kind = cpu_kind(str(sidecar["hardware"]), peaks, memory, dtype)
         rows = parse_profile(text)
         data = measurements(rows, kind)
         factors = fit_kind(data, arch, kind)

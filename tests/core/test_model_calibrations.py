@@ -36,7 +36,10 @@ def test_a_profile_calibrates_only_the_kind_it_was_measured_on() -> None:
 
 def test_a_cpu_kind_carries_the_measured_peaks_and_predicts_slower_than_a_gpu() -> None:
     kind = cpu_kind("cpu-amd-epyc", {"matmul_tflops": 0.09, "copy_gbps": 24.0}, 24.0)
-    assert kind.bf16_tflops == 0.09 and kind.hbm_tbps == pytest.approx(0.024)
+    # float32 values stream twice as long as the model's 2-byte ones: half the copy rate
+    assert kind.bf16_tflops == 0.09 and kind.hbm_tbps == pytest.approx(0.012)
+    bf16 = cpu_kind("cpu-amd-epyc", {"matmul_tflops": 0.09, "copy_gbps": 24.0}, 24.0, "bfloat16")
+    assert bf16.hbm_tbps == pytest.approx(0.024)
     arch = llama2_70b()
     small = arch.__class__(**{**arch.__dict__, "n_layers": 2, "hidden": 1024, "intermediate": 2048, "n_heads": 8, "n_kv_heads": 8, "head_dim": 128})  # fmt: skip
     perf = PerfModel()

@@ -221,12 +221,21 @@ def _measurement(
     )
 
 
-def cpu_kind(hardware: str, peaks: Mapping[str, float], memory_gb: float) -> GpuKind:
+_VALUE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def cpu_kind(
+    hardware: str, peaks: Mapping[str, float], memory_gb: float, dtype: str = "float32"
+) -> GpuKind:
     """A CPU as a "hardware kind": the peak compute and bandwidth ``fleetshift profile``
     measured on it (a timed matmul and memory copy, in its sidecar), never invented figures.
 
-    The engine computes in float32 on a CPU, so the measured float32 rate stands where a GPU
-    has its dense BF16 figure; a CPU worker is one socket, so the interconnect never counts."""
+    The performance model counts weights and KV in 2-byte values (BF16); a CPU worker computes
+    in its own ``dtype`` (float32: 4 bytes). Streaming 4-byte values at B bytes/s takes as long
+    as 2-byte ones at B/2, so the measured copy rate is scaled by 2 / bytes per value; the
+    measured matmul rate is already the rate in that dtype. A CPU worker is one socket: no
+    interconnect counts."""
+    scale = 2 / _VALUE_BYTES.get(dtype, 4)
     tflops = float(peaks["matmul_tflops"])
     return GpuKind(
         name=hardware,
@@ -235,7 +244,7 @@ def cpu_kind(hardware: str, peaks: Mapping[str, float], memory_gb: float) -> Gpu
         fp8_tflops=None,
         int8_tops=tflops,
         hbm_gb=memory_gb,
-        hbm_tbps=float(peaks["copy_gbps"]) / 1e3,
+        hbm_tbps=float(peaks["copy_gbps"]) * scale / 1e3,
         nvlink_gbps=0.0,
         tdp_w=1.0,
         price_per_hour=0.0,
@@ -283,11 +292,11 @@ class Calibrations:
     archs: Mapping[str, ModelArch]
     clock: Callable[[], float]
     fitter: Fitter = fit_kind
-    _by_key: dict[CalibrationKey, Calibration] = field(default_factory=dict)
+    _by_key: dict[CalibrationKey, Calibration] = field(default_factory=dict, init=False)
     _listeners: list[Callable[[Mapping[CalibrationKey, KindFactors]], None]] = field(
-        default_factory=list
+        default_factory=list, init=False
     )
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def load(self) -> None:
         """Calibrations of models and kinds still configured; others stay stored, unused."""
