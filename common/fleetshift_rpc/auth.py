@@ -89,6 +89,8 @@ METHOD_ACCESS: Mapping[str, Access] = types.MappingProxyType(
         "/fleetshift.v1.Planning/GetTrafficMix": _A.OPERATOR_READ,
         "/fleetshift.v1.Planning/PlanRebalance": _A.OPERATOR_READ,
         "/fleetshift.v1.Planning/ListWorkers": _A.OPERATOR_READ,
+        "/fleetshift.v1.Calibration/ListModels": _A.OPERATOR_READ,
+        "/fleetshift.v1.Calibration/UploadCalibration": _A.OPERATOR_WRITE,
         "/fleetshift.v1.Operations/GetOperation": _A.OPERATOR_READ,
         "/fleetshift.v1.Operations/ListOperations": _A.OPERATOR_READ,
         "/fleetshift.v1.Operations/WatchOperation": _A.OPERATOR_READ,

@@ -30,6 +30,7 @@ from fleetshift_common.failpoints import Failpoints
 from fleetshift_common.lifecycle import write_port_file
 from fleetshift_common.sdnotify import SdNotifier, watchdog_interval
 from fleetshift_daemon import models
+from fleetshift_daemon.api import calibration as calibration_api
 from fleetshift_daemon.api import fleet as fleet_api
 from fleetshift_daemon.api import operations as operations_api
 from fleetshift_daemon.api import placement as placement_api
@@ -38,6 +39,7 @@ from fleetshift_daemon.clients.fleet import GrpcFleetClient
 from fleetshift_daemon.core.execution import ExecutionSettings, Executor
 from fleetshift_daemon.core.fleet import NodeState
 from fleetshift_daemon.core.gpus import GpuCatalogue, default_catalogue
+from fleetshift_daemon.core.model_calibrations import Calibrations
 from fleetshift_daemon.core.moves import MoveLimits, MovePlanner
 from fleetshift_daemon.core.operations import OperationLog
 from fleetshift_daemon.core.placement import PlacementService, PlanningSettings, ServedModel
@@ -46,6 +48,7 @@ from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.core.submission import Submission
 from fleetshift_daemon.core.workers import WorkerTable
 from fleetshift_daemon.move_signals import MoveSignals
+from fleetshift_daemon.store.calibration_store import SqlCalibrationStore
 from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
 from fleetshift_daemon.store.work_store import (
@@ -77,6 +80,7 @@ class Daemon:
     catalogue: GpuCatalogue = field(default_factory=default_catalogue)
     models: list[ServedModel] = field(default_factory=list)
     placement: PlacementService | None = None
+    calibrations: Calibrations | None = None
     operations: OperationLog | None = None
     moves: MovePlanner | None = None
     executor: Executor | None = None
@@ -111,6 +115,7 @@ class Daemon:
             PlanningSettings(cfg.planner.threshold, cfg.planner.hold_s, cfg.planner.horizon_s),
         )
         self.workers.on_change(self.placement.fleet_changed)
+        self.calibrations = await asyncio.to_thread(self._load_calibrations)
         # Liveness reaches the router through each heartbeat's health flags; a rebuild of the
         # index per lost/back node would turn a heartbeat storm into a Route storm.
         self.registry.on_change(self.placement.fleet_changed, liveness=False)
@@ -150,6 +155,17 @@ class Daemon:
             "daemon ready",
             extra={"port": self.server.port, "nodes": len(self.registry.nodes())},
         )
+
+    def _load_calibrations(self) -> Calibrations:
+        """Stored per-(model, GPU kind) calibrations, applied to every prediction now and
+        after each upload."""
+        placement = self.placement
+        assert self.engine is not None and placement is not None
+        archs = {m.name: m.arch for m in self.models}
+        cals = Calibrations(SqlCalibrationStore(self.engine), self.catalogue, archs, self.clock)
+        cals.load()
+        cals.on_change(lambda factors: placement.use_calibrations(factors, cals.describe))
+        return cals
 
     def _security(self) -> ServerSecurity:
         cfg = self.config
@@ -196,6 +212,7 @@ class Daemon:
         assert self.workers is not None and self.placement is not None
         assert self.operations is not None and self.moves is not None and self.executor
         assert self.submission is not None
+        assert self.calibrations is not None
         ops = OperationsServicer(
             self.operations,
             self.moves,
@@ -210,6 +227,7 @@ class Daemon:
                 self.registry, interval_ms, self.metrics, self.workers, self.placement
             ),
             *placement_api.bindings(self.placement, self.workers, self.metrics),
+            *calibration_api.bindings(self.calibrations, self.placement),
         ]
 
     def _start_jobs(self) -> None:

@@ -38,6 +38,17 @@ PRESETS: dict[str, ModelConfig] = {
         num_key_value_heads=4,
         max_position_embeddings=2048,
     ),
+    # ~75 MB: "small"'s sibling of another shape (twice the depth, 3/4 the width, one KV head
+    # for six query heads instead of one for two), for fitting on one and predicting the other.
+    "small-deep": ModelConfig(
+        vocab_size=8000,
+        hidden_size=384,
+        intermediate_size=1024,
+        num_hidden_layers=8,
+        num_attention_heads=6,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+    ),
     # ~1.4 GB in float32: the benchmark model, sized for a 2-core CPU.
     "bench": ModelConfig(
         vocab_size=32000,

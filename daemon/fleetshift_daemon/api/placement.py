@@ -16,6 +16,7 @@ from fleetshift.v1 import placement_pb2 as pb
 from fleetshift.v1 import placement_pb2_grpc as pb_grpc
 from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.api import convert
+from fleetshift_daemon.api.calibration import basis_pb
 from fleetshift_daemon.core.placement import EfficiencySample, PlacementService
 from fleetshift_daemon.core.plans import MoveKind, Plan
 from fleetshift_daemon.core.routing import RouteRequest, Slo
@@ -185,6 +186,7 @@ class PlanningServicer(pb_grpc.PlanningServicer):
         )
         if history:
             out.latest.CopyFrom(sample_pb(history[-1]))
+        out.predictions.extend(map(basis_pb, self._service.prediction_bases()))
         return out
 
     @rpc_errors
@@ -213,7 +215,9 @@ class PlanningServicer(pb_grpc.PlanningServicer):
         self, request: pb.PlanRebalanceRequest, context: grpc.aio.ServicerContext
     ) -> pb.Plan:
         plan = await asyncio.to_thread(self._service.dry_run)
-        return plan_pb(plan, self._service.settings.horizon_s)
+        out = plan_pb(plan, self._service.settings.horizon_s)
+        out.predictions.extend(map(basis_pb, self._service.prediction_bases()))
+        return out
 
     @rpc_errors
     async def ListWorkers(

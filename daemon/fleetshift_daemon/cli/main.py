@@ -20,6 +20,7 @@ from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift.v1 import operations_pb2, placement_pb2
 from fleetshift.v1 import operations_pb2_grpc as operations_grpc
 from fleetshift.v1 import placement_pb2_grpc as placement_grpc
+from fleetshift_daemon.cli import calibrate
 from fleetshift_daemon.cli.progress import operation_summary, operations_table, watch_operation
 from fleetshift_daemon.cli.tables import nodes_table, plan_table, traffic_table, workers_table
 from fleetshift_daemon.localfleet import LocalFleet
@@ -102,6 +103,7 @@ def cmd_efficiency(args: argparse.Namespace) -> int:
         "tokens/s possible"
     )
     console.print("history: " + " ".join(f"{s.efficiency:.2f}" for s in report.history))
+    console.print("predictions:\n" + calibrate.bases_text(report.predictions))
     return 0
 
 
@@ -112,6 +114,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
     console.print(plan_table(plan))
     console.print("pays off over the horizon" if plan.pays_off else "does not pay off yet")
+    console.print("predictions:\n" + calibrate.bases_text(plan.predictions))
     return 0
 
 
@@ -228,6 +231,7 @@ def _parser() -> argparse.ArgumentParser:
         "simulate", help="replay a trace on a simulated fleet: fleetshift simulate --help"
     )
     sub.add_parser("calibration", help="fit the performance model on profiles, check another")
+    sub.add_parser("profile", help="measure a model on a running worker: fleetshift profile --help")
     cordon = sub.add_parser("cordon", help="stop placing work on a node")
     cordon.add_argument("node")
     cordon.add_argument("--reason", default="")
@@ -273,6 +277,7 @@ def _parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser("cancel", help="cancel an operation (steps not started are skipped)")
     cancel.add_argument("id")
     cancel.set_defaults(run=cmd_cancel)
+    calibrate.register(sub, open_channel)
     local = sub.add_parser("local-fleet", help="run a daemon + agents with declared GPUs here")
     local.add_argument("--state-dir", default="state/local-fleet")
     local.add_argument("--keep", action="store_true", help="keep running until Ctrl-C")
@@ -292,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         from fleetshift_daemon.cli.calibration import main as calibration
 
         return calibration(argv[1:])
+    if argv[:1] == ["profile"]:  # fleetshift profile --worker HOST:PORT --config DIR --out CSV
+        from fleetshift_daemon.cli.profile import main as profile
+
+        return profile(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return int(args.run(args))

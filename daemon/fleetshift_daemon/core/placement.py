@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,6 +22,8 @@ from fleetshift_daemon.core.corrections import CorrectionTable
 from fleetshift_daemon.core.estimator import EstimatorError, OutputLengthEstimator
 from fleetshift_daemon.core.fleet import InventorySource, NodeRecord, NodeState
 from fleetshift_daemon.core.gpus import GpuCatalogue, GpuKind
+from fleetshift_daemon.core.model_calibrations import PREDICTED
+from fleetshift_daemon.core.perf_factors import CalibrationKey, KindFactors
 from fleetshift_daemon.core.perfmodel import Deployment, Dtype, ModelArch, PerfModel
 from fleetshift_daemon.core.planner import (
     ModelSpec,
@@ -61,6 +63,16 @@ class ServedModel:
     @property
     def name(self) -> str:
         return self.arch.name
+
+
+@dataclass(frozen=True)
+class PredictionBasis:
+    """Whether a model's predictions on a GPU kind are measured or from hardware figures."""
+
+    model: str
+    gpu_kind: str
+    measured: bool
+    description: str
 
 
 @dataclass(frozen=True)
@@ -118,26 +130,57 @@ class PlacementService:
         self._clock = clock
         self._efficiency = efficiency_store
         self.settings = settings or PlanningSettings()
-        self.perf = PerfModel(corrections=CorrectionTable())
         self.traffic = TrafficMonitor(clock)
         self.estimator = OutputLengthEstimator()
-        self.router = Router(
-            self.perf,
-            [m.arch for m in models],
-            estimator=self.estimator,
-            traffic=self.traffic,
-        )
         gate = HysteresisConfig(
             threshold=1.0 - self.settings.threshold,
             hold_s=self.settings.hold_s,
             horizon_s=self.settings.horizon_s,
         )
         self.hysteresis = Hysteresis(clock, gate)
-        self._planner = Planner(self.perf)
-        self.cycle = PlanningCycle(self._planner, self.perf, self.hysteresis)
         self.last_report: CycleReport | None = None
         self._lock = threading.RLock()
         self._stale = True
+        self._describe: Callable[[str, str], str] = lambda model, kind: PREDICTED
+        self._use_perf(PerfModel(corrections=CorrectionTable()))
+
+    def _use_perf(self, perf: PerfModel) -> None:
+        """Route and plan with ``perf`` from now on (the router's index is rebuilt lazily)."""
+        self.perf = perf
+        self.router = Router(
+            perf,
+            [m.arch for m in self.models.values()],
+            estimator=self.estimator,
+            traffic=self.traffic,
+        )
+        self._planner = Planner(perf)
+        self.cycle = PlanningCycle(self._planner, perf, self.hysteresis)
+        self._stale = True
+
+    def use_calibrations(
+        self,
+        calibrations: Mapping[CalibrationKey, KindFactors],
+        describe: Callable[[str, str], str],
+    ) -> None:
+        """Per-(model, GPU kind) factors fitted on uploaded profiles: every prediction for those
+        pairs (routing, planning, efficiency) uses them from now on; ``describe`` says what a
+        pair's predictions rest on. The online corrections learnt so far are kept."""
+        with self._lock:
+            self._describe = describe
+            self._use_perf(PerfModel(corrections=self.perf.corrections, calibrations=calibrations))
+
+    def prediction_bases(self) -> list[PredictionBasis]:
+        """For each served model on each GPU kind of the ready fleet: measured or predicted."""
+        kinds = sorted(
+            {k.name for n in self._registry.nodes(NodeState.READY) if (k := self.gpu_kind(n))}
+        )
+        return [
+            PredictionBasis(
+                model, kind, (model, kind) in self.perf.calibrations, self._describe(model, kind)
+            )
+            for model in sorted(self.models)
+            for kind in kinds
+        ]
 
     # -- the fleet as the performance model sees it ------------------------------------------
     def gpu_kind(self, node: NodeRecord) -> GpuKind | None:

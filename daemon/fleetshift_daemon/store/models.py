@@ -124,3 +124,19 @@ class EfficiencySampleRow(Base):
     current_goodput: Mapped[float] = mapped_column(Float)
     best_goodput: Mapped[float] = mapped_column(Float)
     plan_proposed: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class ModelCalibrationRow(Base):
+    """A model's calibration on one GPU kind, fitted on a profile the operator uploaded."""
+
+    __tablename__ = "model_calibrations"
+
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    gpu_kind: Mapped[str] = mapped_column(String(64), primary_key=True)
+    factors: Mapped[dict[str, Any]] = mapped_column(JSON)  # KindFactors.to_dict()
+    hardware: Mapped[str] = mapped_column(String(255))  # the profile's hardware column
+    rows: Mapped[int] = mapped_column(Integer)
+    median_error_pct: Mapped[float] = mapped_column(Float)
+    errors: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # per phase
+    profiled_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    uploaded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

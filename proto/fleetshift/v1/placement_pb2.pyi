@@ -142,17 +142,31 @@ class EfficiencySample(_message.Message):
     plan_proposed: bool
     def __init__(self, taken_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., efficiency: _Optional[float] = ..., current_goodput_tokens_per_s: _Optional[float] = ..., best_goodput_tokens_per_s: _Optional[float] = ..., plan_proposed: _Optional[bool] = ...) -> None: ...
 
+class PredictionBasis(_message.Message):
+    __slots__ = ("model", "gpu_kind", "measured", "description")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPU_KIND_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    gpu_kind: str
+    measured: bool
+    description: str
+    def __init__(self, model: _Optional[str] = ..., gpu_kind: _Optional[str] = ..., measured: _Optional[bool] = ..., description: _Optional[str] = ...) -> None: ...
+
 class EfficiencyReport(_message.Message):
-    __slots__ = ("latest", "history", "threshold", "below_threshold_for_s")
+    __slots__ = ("latest", "history", "threshold", "below_threshold_for_s", "predictions")
     LATEST_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     BELOW_THRESHOLD_FOR_S_FIELD_NUMBER: _ClassVar[int]
+    PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
     latest: EfficiencySample
     history: _containers.RepeatedCompositeFieldContainer[EfficiencySample]
     threshold: float
     below_threshold_for_s: float
-    def __init__(self, latest: _Optional[_Union[EfficiencySample, _Mapping]] = ..., history: _Optional[_Iterable[_Union[EfficiencySample, _Mapping]]] = ..., threshold: _Optional[float] = ..., below_threshold_for_s: _Optional[float] = ...) -> None: ...
+    predictions: _containers.RepeatedCompositeFieldContainer[PredictionBasis]
+    def __init__(self, latest: _Optional[_Union[EfficiencySample, _Mapping]] = ..., history: _Optional[_Iterable[_Union[EfficiencySample, _Mapping]]] = ..., threshold: _Optional[float] = ..., below_threshold_for_s: _Optional[float] = ..., predictions: _Optional[_Iterable[_Union[PredictionBasis, _Mapping]]] = ...) -> None: ...
 
 class GetTrafficMixRequest(_message.Message):
     __slots__ = ("model",)
@@ -245,7 +259,7 @@ class PlannedMove(_message.Message):
     def __init__(self, kind: _Optional[_Union[MoveKind, str]] = ..., model: _Optional[str] = ..., source: _Optional[_Union[PlannedWorker, _Mapping]] = ..., target: _Optional[_Union[PlannedWorker, _Mapping]] = ..., bytes_to_move: _Optional[int] = ..., duration_s: _Optional[float] = ..., expected_pause_s: _Optional[float] = ..., sessions_affected: _Optional[int] = ..., predicted_gain_tokens_per_s: _Optional[float] = ..., cost_tokens: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("moves", "efficiency_before", "goodput_before_tokens_per_s", "goodput_after_tokens_per_s", "bytes_to_move", "pays_off", "solver_status", "solve_s")
+    __slots__ = ("moves", "efficiency_before", "goodput_before_tokens_per_s", "goodput_after_tokens_per_s", "bytes_to_move", "pays_off", "solver_status", "solve_s", "predictions")
     MOVES_FIELD_NUMBER: _ClassVar[int]
     EFFICIENCY_BEFORE_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_BEFORE_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +268,7 @@ class Plan(_message.Message):
     PAYS_OFF_FIELD_NUMBER: _ClassVar[int]
     SOLVER_STATUS_FIELD_NUMBER: _ClassVar[int]
     SOLVE_S_FIELD_NUMBER: _ClassVar[int]
+    PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
     moves: _containers.RepeatedCompositeFieldContainer[PlannedMove]
     efficiency_before: float
     goodput_before_tokens_per_s: float
@@ -262,7 +277,8 @@ class Plan(_message.Message):
     pays_off: bool
     solver_status: str
     solve_s: float
-    def __init__(self, moves: _Optional[_Iterable[_Union[PlannedMove, _Mapping]]] = ..., efficiency_before: _Optional[float] = ..., goodput_before_tokens_per_s: _Optional[float] = ..., goodput_after_tokens_per_s: _Optional[float] = ..., bytes_to_move: _Optional[int] = ..., pays_off: _Optional[bool] = ..., solver_status: _Optional[str] = ..., solve_s: _Optional[float] = ...) -> None: ...
+    predictions: _containers.RepeatedCompositeFieldContainer[PredictionBasis]
+    def __init__(self, moves: _Optional[_Iterable[_Union[PlannedMove, _Mapping]]] = ..., efficiency_before: _Optional[float] = ..., goodput_before_tokens_per_s: _Optional[float] = ..., goodput_after_tokens_per_s: _Optional[float] = ..., bytes_to_move: _Optional[int] = ..., pays_off: _Optional[bool] = ..., solver_status: _Optional[str] = ..., solve_s: _Optional[float] = ..., predictions: _Optional[_Iterable[_Union[PredictionBasis, _Mapping]]] = ...) -> None: ...
 
 class ListWorkersRequest(_message.Message):
     __slots__ = ("node_name", "model")

@@ -1,0 +1,100 @@
+"""What ``fleetshift profile`` costs: the wall time of a full sweep of a small reference model
+on this machine, beside the baseline measured in the same run, the time the worker spent
+serving the sweep's requests (the sum of every run's end-to-end time). Their difference is the
+profiler's own overhead (warm-up run, peak timing, re-runs with longer outputs, files).
+
+Starts a real worker process of a seeded model (``make_model`` preset), runs the command as an
+operator would, and keeps the profile (CSV, sidecar, plot) under --out.
+
+    .venv/bin/python bench/profile_cost.py --preset small --out /tmp/prof-small
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fleetshift_agent.engine.make_model import main as make_model
+
+REPO = Path(__file__).resolve().parents[1]
+# The sweep: the seeds' geometric concurrency up to what the worker runs at once, and prompt
+# lengths up to the model's context; the worker's KV pool bounds the largest batches.
+SWEEP = ("--prompt-sizes", "128,256,512,1024,2048", "--max-concurrency", "64",
+         "--token-size", "32", "--repeats", "3")  # fmt: skip
+
+
+def start_worker(model: Path, root: Path, threads: int) -> tuple[subprocess.Popen[bytes], int]:
+    port_file = root / "worker.port"
+    cmd = [
+        sys.executable, "-m", "fleetshift_agent.worker", "--port-file", str(port_file),
+        "--no-compile", "--threads", str(threads), "--model-dir", str(model),
+        "--max-running", "64", "--num-blocks", "2048", "--worker-id", "profiled",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    log = (root / "worker.log").open("wb")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 120
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"worker did not start: {(root / 'worker.log').read_text()}")
+        time.sleep(0.1)
+    return proc, int(port_file.read_text())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model = args.out / args.preset
+        if not (model / "config.json").exists():
+            make_model(["--out", str(model), "--preset", args.preset, "--seed", str(args.seed)])
+        proc, port = start_worker(model, root, args.threads)
+        try:
+            csv_path = args.out / f"{args.preset}.csv"
+            cmd = [sys.executable, "-m", "fleetshift_daemon.cli.main", "profile",
+                   "--worker", f"127.0.0.1:{port}", "--config", str(model),
+                   "--out", str(csv_path), "--threads", str(args.threads), *SWEEP]  # fmt: skip
+            t0 = time.monotonic()
+            done = subprocess.run(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True)
+            wall = time.monotonic() - t0
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    if done.returncode:
+        print(done.stderr, file=sys.stderr)
+        return done.returncode
+    with csv_path.open() as fh:
+        rows = list(csv.DictReader(fh))
+    serving = sum(float(r["e2e_time"]) for r in rows) / 1e3
+    sidecar = json.loads(csv_path.with_suffix(".json").read_text())
+    points = len({(r["prompt_size"], r["batch_size"]) for r in rows})
+    print(
+        f"model {args.preset}: {points} points x {SWEEP[-1]} repeats = {len(rows)} rows, "
+        f"{len(sidecar['sweep']['left_out'])} left out by the worker's bounds"
+    )
+    print(f"fleetshift profile wall time     {wall:8.1f} s")
+    print(f"baseline: serving the requests   {serving:8.1f} s (sum of every run's e2e time)")
+    print(f"profiler overhead                {wall - serving:8.1f} s ({wall / serving - 1:+.0%})")
+    print(
+        "knees: "
+        + ", ".join(f"prompt {k['prompt_size']}: {k['concurrency']}" for k in sidecar["knees"])
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
