@@ -287,10 +287,31 @@ BAD_ROUTES = [
         grpc.StatusCode.INVALID_ARGUMENT,
         "slo.ttft_ms",
     ),
+    # Issue 13 item 1: the lengths and SLOs one call could poison the traffic mix with.
     (
-        pb.RouteRequest(model=MODEL, prompt_tokens=10, preferred_worker_id="ghost"),
-        grpc.StatusCode.NOT_FOUND,
-        "ghost",
+        pb.RouteRequest(model=MODEL, prompt_tokens=2**63 - 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "prompt_tokens must be >= 1 and <= 1_048_576 tokens",
+    ),
+    (
+        pb.RouteRequest(model=MODEL, prompt_tokens=10, expected_output_tokens=2**63 - 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "expected_output_tokens must be >= 1 and <= 1_048_576 tokens",
+    ),
+    (
+        pb.RouteRequest(model=MODEL, prompt_tokens=4097),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "prompt_tokens must be <= 4096 (the context of model 'llama-70b')",
+    ),
+    (
+        pb.RouteRequest(model=MODEL, prompt_tokens=10, slo=pb.Slo(ttft_ms=1e308)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "slo.ttft_ms must be >= 0.001 and <= 3_600_000 ms",
+    ),
+    (
+        pb.RouteRequest(model=MODEL, prompt_tokens=10, slo=pb.Slo(tbt_ms=float("nan"))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "slo.tbt_ms",
     ),
 ]
 
@@ -304,6 +325,36 @@ async def test_bad_route_requests_are_refused_by_field(stubs, request_msg, code,
     assert named in err.value.details()
     mix = await planning.GetTrafficMix(pb.GetTrafficMixRequest())
     assert all(m.requests_in_window == 0 for m in mix.models)  # nothing was counted
+
+
+async def test_an_unknown_preferred_worker_is_a_hint_never_a_filter(stubs) -> None:  # type: ignore[no-untyped-def]
+    """Issue 13 item 5: a stale session-affinity hint must not fail the request."""
+    placement, planning = stubs
+    for hint in ("ghost", "stopped-worker-42"):
+        reply = await placement.Route(
+            pb.RouteRequest(model=MODEL, prompt_tokens=100, preferred_worker_id=hint)
+        )
+        assert reply.worker_id in {"dec-h100", "pre-h200"}
+    mix = await planning.GetTrafficMix(pb.GetTrafficMixRequest(model=MODEL))
+    assert mix.models[0].requests_in_window == 2
+
+
+async def test_one_caller_cannot_move_the_traffic_mix_beyond_the_context(stubs) -> None:  # type: ignore[no-untyped-def]
+    """Issue 13 item 1: the largest claim a valid call can make moves the window by at most
+    the model's context; the planner still sees live workers and a finite goodput."""
+    placement, planning = stubs
+    await route_decode_heavy(placement, 20)
+    before = (await planning.GetTrafficMix(pb.GetTrafficMixRequest(model=MODEL))).models[0]
+    await placement.Route(
+        pb.RouteRequest(model=MODEL, prompt_tokens=4096, expected_output_tokens=4096)
+    )
+    after = (await planning.GetTrafficMix(pb.GetTrafficMixRequest(model=MODEL))).models[0]
+    assert after.requests_in_window == before.requests_in_window + 1
+    # the claimed output is clipped to what the context leaves after the prompt (0 here)
+    assert after.output_tokens.mean <= before.output_tokens.mean
+    assert after.prompt_tokens.mean <= before.prompt_tokens.mean + 4096 / 21
+    plan = await planning.PlanRebalance(pb.PlanRebalanceRequest())
+    assert plan.goodput_before_tokens_per_s > 0
 
 
 async def test_operator_gets_a_dry_run_plan_with_grpcurl(

@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from fleetshift_common.bounds import MAX_CONTEXT_TOKENS
 from fleetshift_common.config import ConfigError, DaemonConfig, ModelConfig
 from fleetshift_daemon.core.gpus import GpuCatalogue, default_catalogue
 from fleetshift_daemon.core.perfmodel import Dtype, ModelArch, llama2_70b
@@ -18,6 +19,8 @@ from fleetshift_daemon.core.placement import ServedModel
 from fleetshift_daemon.core.planner import SloTarget
 
 PRESETS: dict[str, Callable[[], ModelArch]] = {"llama2-70b": llama2_70b}
+PRESET_CONTEXT_TOKENS: dict[str, int] = {"llama2-70b": 4096}  # its max_position_embeddings
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
 def model_arch(model: ModelConfig) -> ModelArch:
@@ -42,6 +45,24 @@ def model_arch(model: ModelConfig) -> ModelArch:
     return ModelArch.from_hf_config(model.name, raw)
 
 
+def context_tokens(model: ModelConfig) -> int:
+    """The model's context length as its config states it (Route's bound on a request's
+    length); the API's static bound when the config names none."""
+    if model.preset:
+        return PRESET_CONTEXT_TOKENS.get(model.preset, MAX_CONTEXT_TOKENS)
+    path = Path(model.hf_config)
+    path = path / "config.json" if path.is_dir() else path
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return MAX_CONTEXT_TOKENS  # model_arch has already named the unreadable file
+    for key in CONTEXT_KEYS:
+        value = raw.get(key) if isinstance(raw, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return min(value, MAX_CONTEXT_TOKENS)
+    return MAX_CONTEXT_TOKENS
+
+
 def served_models(config: DaemonConfig) -> list[ServedModel]:
     out = []
     for model in config.models:
@@ -60,6 +81,7 @@ def served_models(config: DaemonConfig) -> list[ServedModel]:
                 min_workers=model.min_workers,
                 slo=SloTarget(model.slo_ttft_ms, model.slo_tbt_ms),
                 model_dir=model.model_dir,
+                context_tokens=context_tokens(model),
             )
         )
     return out

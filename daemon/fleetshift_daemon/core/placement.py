@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from fleetshift_common.bounds import MAX_CONTEXT_TOKENS
 from fleetshift_common.errors import FailedPrecondition, InvalidArgument, NotFound
 from fleetshift_daemon.core.corrections import CorrectionTable
 from fleetshift_daemon.core.estimator import EstimatorError, OutputLengthEstimator
@@ -44,6 +45,7 @@ from fleetshift_daemon.core.routing import (
     WorkerView,
 )
 from fleetshift_daemon.core.traffic import TrafficMonitor, TrafficStats
+from fleetshift_daemon.core.validation import check_route_lengths
 from fleetshift_daemon.core.workers import WorkerRecord, WorkerState, WorkerTable
 
 KV_BLOCK_TOKENS = 16  # the reference engine's block size; counters report blocks
@@ -57,6 +59,9 @@ class ServedModel:
     min_workers: int = 0
     slo: SloTarget = SloTarget()  # noqa: RUF009 - frozen, so one shared default is safe
     model_dir: str = ""
+    # The model's context length (its config's max_position_embeddings): a request longer
+    # than this cannot run, so Route refuses it and the traffic window never counts it.
+    context_tokens: int = MAX_CONTEXT_TOKENS
 
     @property
     def name(self) -> str:
@@ -121,6 +126,9 @@ class PlacementService:
         self.perf = PerfModel(corrections=CorrectionTable())
         self.traffic = TrafficMonitor(clock)
         self.estimator = OutputLengthEstimator()
+        contexts = {m.name: m.context_tokens for m in models}
+        self.traffic.set_context_limits(contexts)
+        self.estimator.set_context_limits(contexts)
         self.router = Router(
             self.perf,
             [m.arch for m in models],
@@ -234,6 +242,9 @@ class PlacementService:
 
     # -- Route -------------------------------------------------------------------------------
     def route(self, request: RouteRequest) -> Routed:
+        served = self.models.get(request.model)
+        if served is not None:
+            check_route_lengths(request, served.context_tokens)
         self._fresh()
         decision = self.router.route(request)  # also feeds the traffic window
         worker = self._workers.get(decision.worker_id)

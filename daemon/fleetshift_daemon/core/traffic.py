@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fleetshift_common.bounds import MAX_CONTEXT_TOKENS
 from fleetshift_common.errors import InvalidArgument, NotFound
 
 
@@ -82,6 +83,18 @@ class _ModelWindow:
     last_totals: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
+def bounded_observation(
+    prompt_tokens: int, output_tokens: float, context_tokens: int = MAX_CONTEXT_TOKENS
+) -> tuple[int, float] | None:
+    """What one request may contribute to a model's mix: nothing when its prompt alone does
+    not fit the model's context (no such request can run), else its output clipped to the
+    rest of the context. So one call moves a window's mean length by at most
+    ``context_tokens / requests in the window``, whatever the caller claims."""
+    if prompt_tokens > context_tokens:
+        return None
+    return prompt_tokens, min(float(output_tokens), float(context_tokens - prompt_tokens))
+
+
 class TrafficMonitor:
     """Thread-safe; ``observe_*`` are O(1) amortised, ``stats`` is O(window samples)."""
 
@@ -90,6 +103,11 @@ class TrafficMonitor:
         self._config = config or TrafficConfig()
         self._models: dict[str, _ModelWindow] = {}
         self._lock = threading.Lock()
+        self._context_tokens: dict[str, int] = {}
+
+    def set_context_limits(self, context_tokens: dict[str, int]) -> None:
+        """Each model's context length; a model not named is held to MAX_CONTEXT_TOKENS."""
+        self._context_tokens = dict(context_tokens)
 
     @property
     def config(self) -> TrafficConfig:
@@ -113,10 +131,14 @@ class TrafficMonitor:
             raise InvalidArgument("prompt_tokens must be > 0", field="prompt_tokens")
         if not (math.isfinite(output_tokens) and output_tokens >= 0):
             raise InvalidArgument("output_tokens must be >= 0", field="output_tokens")
+        limit = self._context_tokens.get(model, MAX_CONTEXT_TOKENS)
+        bounded = bounded_observation(prompt_tokens, output_tokens, limit)
+        if bounded is None:
+            return
         now = self._clock()
         with self._lock:
             w = self._window(model)
-            w.requests.append((now, prompt_tokens, float(output_tokens)))
+            w.requests.append((now, *bounded))
             self._evict(w, now)
 
     def observe_counters(
