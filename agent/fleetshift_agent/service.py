@@ -114,6 +114,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             snap = _renamed(
                 "restore_snapshot_id", lambda: held.enter_context(self._store.using(sid))
             )
+            snap.check_listing()  # refused here, naming the file, not by a worker that dies
             return replace(
                 launch,
                 model=launch.model or snap.key.model_id,
