@@ -122,6 +122,23 @@ async def test_workers_reported_in_heartbeats_are_listed(stubs) -> None:  # type
     }
     only_h200 = await planning.ListWorkers(pb.ListWorkersRequest(node_name="h200-1"))
     assert [w.worker_id for w in only_h200.workers] == ["pre-h200"]
+    # issue 13 item 6: where each worker runs
+    assert {w.worker_id: w.node_name for w in listed.workers} == {
+        "dec-h100": "h100-1",
+        "pre-h200": "h200-1",
+    }
+
+
+async def test_cli_workers_table_shows_the_node(
+    fleet_daemon: Daemon, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetshift_daemon.cli.main import main as cli
+
+    monkeypatch.setenv("COLUMNS", "200")
+    address = f"127.0.0.1:{fleet_daemon.port}"
+    assert await asyncio.to_thread(cli, ["--daemon", address, "workers"]) == 0
+    rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if "-h" in line}
+    assert "h100-1" in rows["dec-h100"] and "h200-1" in rows["pre-h200"]
 
 
 async def test_route_answers_with_a_worker_and_feeds_the_traffic_mix(stubs) -> None:  # type: ignore[no-untyped-def]

@@ -73,6 +73,7 @@ class PlanningSettings:
     threshold: float = 0.95  # efficiency below this is a gap
     hold_s: float = 300.0
     horizon_s: float = 3600.0
+    interval_s: float = 30.0  # how often the planning pass runs; 0: the planner is off
 
 
 @dataclass(frozen=True)

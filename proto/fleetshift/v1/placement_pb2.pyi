@@ -143,16 +143,20 @@ class EfficiencySample(_message.Message):
     def __init__(self, taken_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., efficiency: _Optional[float] = ..., current_goodput_tokens_per_s: _Optional[float] = ..., best_goodput_tokens_per_s: _Optional[float] = ..., plan_proposed: _Optional[bool] = ...) -> None: ...
 
 class EfficiencyReport(_message.Message):
-    __slots__ = ("latest", "history", "threshold", "below_threshold_for_s")
+    __slots__ = ("latest", "history", "threshold", "below_threshold_for_s", "planner_enabled", "note")
     LATEST_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     BELOW_THRESHOLD_FOR_S_FIELD_NUMBER: _ClassVar[int]
+    PLANNER_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
     latest: EfficiencySample
     history: _containers.RepeatedCompositeFieldContainer[EfficiencySample]
     threshold: float
     below_threshold_for_s: float
-    def __init__(self, latest: _Optional[_Union[EfficiencySample, _Mapping]] = ..., history: _Optional[_Iterable[_Union[EfficiencySample, _Mapping]]] = ..., threshold: _Optional[float] = ..., below_threshold_for_s: _Optional[float] = ...) -> None: ...
+    planner_enabled: bool
+    note: str
+    def __init__(self, latest: _Optional[_Union[EfficiencySample, _Mapping]] = ..., history: _Optional[_Iterable[_Union[EfficiencySample, _Mapping]]] = ..., threshold: _Optional[float] = ..., below_threshold_for_s: _Optional[float] = ..., planner_enabled: _Optional[bool] = ..., note: _Optional[str] = ...) -> None: ...
 
 class GetTrafficMixRequest(_message.Message):
     __slots__ = ("model",)
