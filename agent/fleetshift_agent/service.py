@@ -23,9 +23,13 @@ import grpc
 
 from fleetshift.v1 import agent_pb2, agent_pb2_grpc
 from fleetshift.v1 import fleet_pb2 as pb
+from fleetshift.v1 import worker_pb2 as wpb
+from fleetshift.v1 import worker_pb2_grpc as wpb_grpc
+from fleetshift_agent.restore_compat import restore_note
 from fleetshift_agent.snapshot import RetentionPolicy, SnapshotExists, SnapshotStore
 from fleetshift_agent.snapshot.transfer import fetch_snapshot
 from fleetshift_agent.supervisor import Supervisor, WorkerLaunch
+from fleetshift_common.compat import CompatKey, compare
 from fleetshift_common.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -80,7 +84,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         with ExitStack() as held:
             launch = self._launch(request, held)
             worker = await self._supervisor.start(launch)
-        return self._supervisor.status(worker)
+            status = self._supervisor.status(worker)
+            if launch.origin_snapshot:
+                key = self._store.get(launch.origin_snapshot).key  # still held: not deleted
+                status.restore_compat = await _restore_verdict(key, worker.endpoint)
+        return status
 
     def _launch(self, request: agent_pb2.StartWorkerRequest, held: ExitStack) -> WorkerLaunch:
         """Check the request; a warm start holds its snapshot (no deletion) in ``held``."""
@@ -206,6 +214,19 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             async with channel(source, self._max_message_bytes, self._peer_credentials) as ch:
                 report = await fetch_snapshot(ch, snapshot_id, self._store)
         return report.bytes_received
+
+
+async def _restore_verdict(snapshot: CompatKey, endpoint: str) -> str:
+    """The restore that happened: the snapshot's key against the started worker's own."""
+    try:
+        async with grpc.aio.insecure_channel(endpoint) as ch:
+            info = await wpb_grpc.WorkerServiceStub(ch).GetInfo(
+                wpb.GetWorkerInfoRequest(), timeout=10
+            )
+    except grpc.aio.AioRpcError as err:
+        return f"unknown: the worker did not report its key ({err.code().name})"
+    worker_key = CompatKey(**{n: getattr(info.compat_key, n) for n in CompatKey.field_names()})
+    return restore_note(compare(snapshot, worker_key))
 
 
 def _renamed(field: str, fn: Callable[[], T]) -> T:
