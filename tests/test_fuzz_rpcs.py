@@ -101,12 +101,15 @@ def _floats(field: FieldDescriptor) -> st.SearchStrategy[float]:
     return st.one_of(*parts, st.sampled_from(edges))
 
 
-def _scalar(field: FieldDescriptor) -> st.SearchStrategy[Any]:
+STRINGS = st.one_of(st.sampled_from(KNOWN), st.text(max_size=24), st.just("n" * 5000))
+
+
+def _scalar(field: FieldDescriptor, strings: st.SearchStrategy[str]) -> st.SearchStrategy[Any]:
     if field.enum_type is not None:
         numbers = [v.number for v in field.enum_type.values]
         return st.one_of(st.sampled_from(numbers), st.integers(-(2**31), 2**31 - 1))
     if field.type == FieldDescriptor.TYPE_STRING:
-        return st.one_of(st.sampled_from(KNOWN), st.text(max_size=24), st.just("n" * 5000))
+        return strings
     if field.type == FieldDescriptor.TYPE_BYTES:
         return st.binary(max_size=64)
     if field.type == FieldDescriptor.TYPE_BOOL:
@@ -116,7 +119,9 @@ def _scalar(field: FieldDescriptor) -> st.SearchStrategy[Any]:
     return _integers(field)
 
 
-def message_strategy(descriptor: Descriptor, depth: int = 0) -> st.SearchStrategy[Message]:
+def message_strategy(
+    descriptor: Descriptor, depth: int = 0, strings: st.SearchStrategy[str] = STRINGS
+) -> st.SearchStrategy[Message]:
     """Any message of this type: each field set or not, recursively (3 levels deep)."""
     cls = GetMessageClass(descriptor)
     optional: dict[str, st.SearchStrategy[Any]] = {}
@@ -124,9 +129,9 @@ def message_strategy(descriptor: Descriptor, depth: int = 0) -> st.SearchStrateg
         if field.message_type is not None:
             if field.message_type.full_name.startswith("google.protobuf.") or depth >= 3:
                 continue
-            value: st.SearchStrategy[Any] = message_strategy(field.message_type, depth + 1)
+            value: st.SearchStrategy[Any] = message_strategy(field.message_type, depth + 1, strings)
         else:
-            value = _scalar(field)
+            value = _scalar(field, strings)
         optional[field.name] = st.lists(value, max_size=3) if field.is_repeated else value
 
     def build(values: dict[str, Any]) -> Message:
@@ -155,9 +160,11 @@ CALLS = st.sampled_from(METHODS).flatmap(
 # --- the daemon, on its own loop --------------------------------------------------------------
 
 
-class DaemonThread:
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+class LoopThread:
+    """An event loop on its own thread: the servers run there, the test drives them from here
+    with blocking gRPC calls, as separate clients would."""
+
+    def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -168,6 +175,16 @@ class DaemonThread:
             return await result if asyncio.iscoroutine(result) else result
 
         return asyncio.run_coroutine_threadsafe(call(), self.loop).result(timeout=60)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+class DaemonThread(LoopThread):
+    def __init__(self, daemon: Daemon) -> None:
+        super().__init__()
+        self.daemon = daemon
 
     def settle(self, timeout_s: float = 5.0) -> None:
         """Wait until no operation a valid earlier call started is still moving workers, so
@@ -229,8 +246,7 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonThr
         yield runner, address
     finally:
         runner.run(lambda: runner.daemon.stop(0.1))
-        runner.loop.call_soon_threadsafe(runner.loop.stop)
-        runner.thread.join(timeout=10)
+        runner.close()
         print(f"\nfuzz tally: {dict(TALLY)}")
 
 
@@ -274,7 +290,7 @@ def _seed_fleet(ch: grpc.Channel) -> None:
         beat(fleet_pb2.HeartbeatRequest(node_name=node, workers=[status]))
 
 
-def _call(ch: grpc.Channel, method: MethodDescriptor, request: Message) -> grpc.StatusCode:
+def call_method(ch: grpc.Channel, method: MethodDescriptor, request: Message) -> grpc.StatusCode:
     path = f"/{method.containing_service.full_name}/{method.name}"
     reply_cls = GetMessageClass(method.output_type)
     kwargs = {
@@ -309,7 +325,7 @@ def test_no_request_crashes_the_daemon_or_changes_it_unless_valid(
     runner.settle()
     with grpc.insecure_channel(address) as ch:
         before = runner.beliefs()
-        code = _call(ch, method, request)
+        code = call_method(ch, method, request)
         after = runner.beliefs()
     TALLY["tried"] += 1
     TALLY["ok" if code == grpc.StatusCode.OK else "refused"] += 1

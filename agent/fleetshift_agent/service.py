@@ -29,6 +29,7 @@ from fleetshift_agent.restore_compat import restore_note
 from fleetshift_agent.snapshot import RetentionPolicy, SnapshotExists, SnapshotStore
 from fleetshift_agent.snapshot.transfer import fetch_snapshot
 from fleetshift_agent.supervisor import Supervisor, WorkerLaunch
+from fleetshift_common.bounds import check_host_port
 from fleetshift_common.compat import CompatKey, compare
 from fleetshift_common.errors import (
     AlreadyExists,
@@ -180,6 +181,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             raise InvalidArgument(
                 "source_agent_address must not be empty", field="source_agent_address"
             )
+        check_host_port("source_agent_address", request.source_agent_address)
         started = time.monotonic()
         if path.exists():  # idempotent: a retried step finds the work done
             return agent_pb2.FetchSnapshotResponse(

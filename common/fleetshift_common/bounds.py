@@ -97,6 +97,16 @@ def check_text(path: str, text: str, limit: int = MAX_TEXT_CHARS) -> None:
         )
 
 
+def check_host_port(path: str, address: str) -> None:
+    """An address another process will dial: ``host:port`` with a port of 1 to 65535, refused
+    here rather than after seconds of name resolution and reconnect backoff."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise InvalidArgument(
+            f"{path} must be host:port with a port of 1 to 65535, got {address!r}", field=path
+        )
+
+
 _V = "fleetshift.v1."
 _GPU_INDEX = Bound(
     0,

@@ -21,6 +21,7 @@ from fleetshift.v1 import snapshot_pb2, snapshot_pb2_grpc
 from fleetshift_agent.snapshot.errors import SnapshotCorrupt, SnapshotPartNotFound
 from fleetshift_agent.snapshot.snapshot import Snapshot
 from fleetshift_agent.snapshot.store import SnapshotStore, SnapshotSummary
+from fleetshift_common.bounds import check_host_port
 from fleetshift_common.compat import CompatKey, CompatVerdict, compare
 from fleetshift_common.errors import FleetShiftError, InvalidArgument, NotFound, Unavailable
 from fleetshift_rpc.errors import peer_error, status_for
@@ -181,6 +182,7 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
     async def _snapshot_key(self, snapshot_id: str, source: str) -> CompatKey:
         if not source:
             return await asyncio.to_thread(lambda: self.store.get(snapshot_id).key)
+        check_host_port("source_agent_address", source)
         try:
             async with channel(source, self.max_message_bytes, self.peer_credentials) as ch:
                 detail = await snapshot_pb2_grpc.SnapshotServiceStub(ch).GetSnapshot(

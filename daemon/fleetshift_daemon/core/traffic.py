@@ -81,6 +81,20 @@ class _ModelWindow:
     counters: deque[tuple[float, int, int]]
     created: float
     last_totals: dict[str, tuple[int, int]] = field(default_factory=dict)
+    last_seen: dict[str, float] = field(default_factory=dict)  # when each worker's totals came
+
+
+# No worker processes more tokens than this per second (an 8-GPU H200 node prefills well under
+# a million): a larger jump between two heartbeats (a buggy or hostile agent, a counter that
+# wrapped) is ignored rather than read as demand.
+MAX_TOKENS_PER_S_PER_WORKER = 10_000_000.0
+
+
+def plausible_counter_delta(prefill_tokens: int, decode_tokens: int, elapsed_s: float) -> bool:
+    """Whether one worker could have processed this many tokens in ``elapsed_s`` (at least a
+    second's worth is allowed, so back-to-back heartbeats are never refused)."""
+    cap = MAX_TOKENS_PER_S_PER_WORKER * max(elapsed_s, 1.0)
+    return prefill_tokens <= cap and decode_tokens <= cap
 
 
 def bounded_observation(
@@ -152,12 +166,15 @@ class TrafficMonitor:
             w = self._window(model)
             prev = w.last_totals.get(worker_id)
             w.last_totals[worker_id] = (prefill_tokens_total, decode_tokens_total)
+            seen, w.last_seen[worker_id] = w.last_seen.get(worker_id, now), now
             if prev is None:
                 return
             dp = prefill_tokens_total - prev[0]
             dd = decode_tokens_total - prev[1]
             if dp < 0 or dd < 0:  # restarted worker: counts since restart are the delta
                 dp, dd = prefill_tokens_total, decode_tokens_total
+            if not plausible_counter_delta(dp, dd, now - seen):
+                return
             w.counters.append((now, dp, dd))
             self._evict(w, now)
 
@@ -165,6 +182,7 @@ class TrafficMonitor:
         with self._lock:
             for w in self._models.values():
                 w.last_totals.pop(worker_id, None)
+                w.last_seen.pop(worker_id, None)
 
     def _evict(self, w: _ModelWindow, now: float) -> None:
         horizon = now - self._config.window_s
