@@ -13,8 +13,9 @@ refused call (any error status) leaves the registry (names, addresses, GPUs, cor
 the traffic window exactly as they were. The daemon is the real one (SQLite, its own servicers
 and interceptors) on a loopback port, driven from this thread while it runs on its own loop.
 
-CI runs a fixed seed and FLEETSHIFT_FUZZ_EXAMPLES examples (default 300, ~25 s on this 2-core machine); the
-longer run recorded in docs/benchmarks.md sets it higher.
+CI runs a fixed seed and FLEETSHIFT_FUZZ_EXAMPLES examples (default 300: 5 s of calls on this
+2-core machine at load 6, about 25 s at load 12); the longer run recorded in docs/benchmarks.md
+sets it higher.
 """
 
 from __future__ import annotations
