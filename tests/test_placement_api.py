@@ -122,6 +122,23 @@ async def test_workers_reported_in_heartbeats_are_listed(stubs) -> None:  # type
     }
     only_h200 = await planning.ListWorkers(pb.ListWorkersRequest(node_name="h200-1"))
     assert [w.worker_id for w in only_h200.workers] == ["pre-h200"]
+    # issue 13 item 6: where each worker runs
+    assert {w.worker_id: w.node_name for w in listed.workers} == {
+        "dec-h100": "h100-1",
+        "pre-h200": "h200-1",
+    }
+
+
+async def test_cli_workers_table_shows_the_node(
+    fleet_daemon: Daemon, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetshift_daemon.cli.main import main as cli
+
+    monkeypatch.setenv("COLUMNS", "200")
+    address = f"127.0.0.1:{fleet_daemon.port}"
+    assert await asyncio.to_thread(cli, ["--daemon", address, "workers"]) == 0
+    rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if "-h" in line}
+    assert "h100-1" in rows["dec-h100"] and "h200-1" in rows["pre-h200"]
 
 
 async def test_route_answers_with_a_worker_and_feeds_the_traffic_mix(stubs) -> None:  # type: ignore[no-untyped-def]
@@ -287,10 +304,31 @@ BAD_ROUTES = [
         grpc.StatusCode.INVALID_ARGUMENT,
         "slo.ttft_ms",
     ),
+    # Issue 13 item 1: the lengths and SLOs one call could poison the traffic mix with.
     (
-        pb.RouteRequest(model=MODEL, prompt_tokens=10, preferred_worker_id="ghost"),
-        grpc.StatusCode.NOT_FOUND,
-        "ghost",
+        pb.RouteRequest(model=MODEL, prompt_tokens=2**63 - 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "prompt_tokens must be >= 1 and <= 1_048_576 tokens",
+    ),
+    (
+        pb.RouteRequest(model=MODEL, prompt_tokens=10, expected_output_tokens=2**63 - 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "expected_output_tokens must be >= 1 and <= 1_048_576 tokens",
+    ),
+    (
+        pb.RouteRequest(model=MODEL, prompt_tokens=4097),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "prompt_tokens must be <= 4096 (the context of model 'llama-70b')",
+    ),
+    (
+        pb.RouteRequest(model=MODEL, prompt_tokens=10, slo=pb.Slo(ttft_ms=1e308)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "slo.ttft_ms must be >= 0.001 and <= 3_600_000 ms",
+    ),
+    (
+        pb.RouteRequest(model=MODEL, prompt_tokens=10, slo=pb.Slo(tbt_ms=float("nan"))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "slo.tbt_ms",
     ),
 ]
 
@@ -304,6 +342,36 @@ async def test_bad_route_requests_are_refused_by_field(stubs, request_msg, code,
     assert named in err.value.details()
     mix = await planning.GetTrafficMix(pb.GetTrafficMixRequest())
     assert all(m.requests_in_window == 0 for m in mix.models)  # nothing was counted
+
+
+async def test_an_unknown_preferred_worker_is_a_hint_never_a_filter(stubs) -> None:  # type: ignore[no-untyped-def]
+    """Issue 13 item 5: a stale session-affinity hint must not fail the request."""
+    placement, planning = stubs
+    for hint in ("ghost", "stopped-worker-42"):
+        reply = await placement.Route(
+            pb.RouteRequest(model=MODEL, prompt_tokens=100, preferred_worker_id=hint)
+        )
+        assert reply.worker_id in {"dec-h100", "pre-h200"}
+    mix = await planning.GetTrafficMix(pb.GetTrafficMixRequest(model=MODEL))
+    assert mix.models[0].requests_in_window == 2
+
+
+async def test_one_caller_cannot_move_the_traffic_mix_beyond_the_context(stubs) -> None:  # type: ignore[no-untyped-def]
+    """Issue 13 item 1: the largest claim a valid call can make moves the window by at most
+    the model's context; the planner still sees live workers and a finite goodput."""
+    placement, planning = stubs
+    await route_decode_heavy(placement, 20)
+    before = (await planning.GetTrafficMix(pb.GetTrafficMixRequest(model=MODEL))).models[0]
+    await placement.Route(
+        pb.RouteRequest(model=MODEL, prompt_tokens=4096, expected_output_tokens=4096)
+    )
+    after = (await planning.GetTrafficMix(pb.GetTrafficMixRequest(model=MODEL))).models[0]
+    assert after.requests_in_window == before.requests_in_window + 1
+    # the claimed output is clipped to what the context leaves after the prompt (0 here)
+    assert after.output_tokens.mean <= before.output_tokens.mean
+    assert after.prompt_tokens.mean <= before.prompt_tokens.mean + 4096 / 21
+    plan = await planning.PlanRebalance(pb.PlanRebalanceRequest())
+    assert plan.goodput_before_tokens_per_s > 0
 
 
 async def test_operator_gets_a_dry_run_plan_with_grpcurl(

@@ -18,6 +18,7 @@ from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift_agent import service
 from fleetshift_agent.discovery import DECLARED, Inventory, discover, package_version
 from fleetshift_agent.membership import Backoff, Membership
+from fleetshift_agent.restore_compat import NodePlatform
 from fleetshift_agent.snapshot import RetentionPolicy, SnapshotStore
 from fleetshift_agent.snapshot.service import SnapshotServicer
 from fleetshift_agent.supervisor import Supervisor, SupervisorSettings
@@ -94,7 +95,18 @@ class Agent:
         )
         self.server = await start_server(
             cfg.listen,
-            [service.binding(servicer), _snapshot_binding(self.store, self.metrics)],
+            [
+                service.binding(servicer),
+                _snapshot_binding(
+                    SnapshotServicer(
+                        self.store,
+                        platform=NodePlatform.of(cfg.node_name, self.inventory),
+                        peer_credentials=tls.channel_credentials() if tls else None,
+                        max_message_bytes=cfg.max_message_bytes,
+                        on_sent=lambda size: self.metrics.transferred("sent", size),
+                    )
+                ),
+            ],
             cfg.max_message_bytes,
             self.security.credentials,
             self.security.interceptors,
@@ -247,12 +259,9 @@ def _retention(cfg: AgentConfig) -> RetentionPolicy | None:
     return policy if policy != RetentionPolicy() else None
 
 
-def _snapshot_binding(store: SnapshotStore, metrics: AgentMetrics) -> ServiceBinding:
-    def sent(size: int) -> None:
-        metrics.transferred("sent", size)
-
+def _snapshot_binding(servicer: SnapshotServicer) -> ServiceBinding:
     return ServiceBinding(
         snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server,
-        SnapshotServicer(store, on_sent=sent),
+        servicer,
         snapshot_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name,
     )

@@ -23,10 +23,15 @@ import grpc
 
 from fleetshift.v1 import agent_pb2, agent_pb2_grpc
 from fleetshift.v1 import fleet_pb2 as pb
+from fleetshift.v1 import worker_pb2 as wpb
+from fleetshift.v1 import worker_pb2_grpc as wpb_grpc
+from fleetshift_agent.restore_compat import restore_note
 from fleetshift_agent.snapshot import RetentionPolicy, SnapshotExists, SnapshotStore
 from fleetshift_agent.snapshot.transfer import fetch_snapshot
 from fleetshift_agent.supervisor import Supervisor, WorkerLaunch
 from fleetshift_agent.wire import ROLE_NAME_BY_PB
+from fleetshift_common.bounds import check_host_port
+from fleetshift_common.compat import CompatKey, compare
 from fleetshift_common.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -81,10 +86,13 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             launch = self._launch(request, held)
             started = time.monotonic()
             worker = await self._supervisor.start(launch)
+            status = self._supervisor.status(worker)
             if launch.origin_snapshot:  # a warm start: the restore the dashboard times
                 size = self._store.summary(launch.origin_snapshot).size_bytes
                 self._metrics.snapshot_restored(time.monotonic() - started, size)
-        return self._supervisor.status(worker)
+                key = self._store.get(launch.origin_snapshot).key  # still held: not deleted
+                status.restore_compat = await _restore_verdict(key, worker.endpoint)
+        return status
 
     def _launch(self, request: agent_pb2.StartWorkerRequest, held: ExitStack) -> WorkerLaunch:
         """Check the request; a warm start holds its snapshot (no deletion) in ``held``."""
@@ -118,6 +126,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             snap = _renamed(
                 "restore_snapshot_id", lambda: held.enter_context(self._store.using(sid))
             )
+            snap.check_listing()  # refused here, naming the file, not by a worker that dies
             return replace(
                 launch,
                 model=launch.model or snap.key.model_id,
@@ -177,6 +186,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             raise InvalidArgument(
                 "source_agent_address must not be empty", field="source_agent_address"
             )
+        check_host_port("source_agent_address", request.source_agent_address)
         started = time.monotonic()
         if path.exists():  # idempotent: a retried step finds the work done
             return agent_pb2.FetchSnapshotResponse(
@@ -213,6 +223,19 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             async with channel(source, self._max_message_bytes, self._peer_credentials) as ch:
                 report = await fetch_snapshot(ch, snapshot_id, self._store)
         return report.bytes_received
+
+
+async def _restore_verdict(snapshot: CompatKey, endpoint: str) -> str:
+    """The restore that happened: the snapshot's key against the started worker's own."""
+    try:
+        async with grpc.aio.insecure_channel(endpoint) as ch:
+            info = await wpb_grpc.WorkerServiceStub(ch).GetInfo(
+                wpb.GetWorkerInfoRequest(), timeout=10
+            )
+    except grpc.aio.AioRpcError as err:
+        return f"unknown: the worker did not report its key ({err.code().name})"
+    worker_key = CompatKey(**{n: getattr(info.compat_key, n) for n in CompatKey.field_names()})
+    return restore_note(compare(snapshot, worker_key))
 
 
 def _renamed(field: str, fn: Callable[[], T]) -> T:

@@ -192,6 +192,14 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         token = bearer_token(context.invocation_metadata())
         if token is None:
             return principal, False
+        if principal.via == "certificate":
+            # The documented rule is "client certificate, else bearer token": a node's
+            # certificate plus a leaked operator token must stay a node.
+            log.info(
+                "bearer token ignored: the caller presented a client certificate",
+                extra={"caller": principal.label, "peer": principal.peer},
+            )
+            return principal, False
         operator = self._tokens.operator_for(token) if (token and self._tokens) else None
         if operator is None:
             return principal, True
@@ -226,9 +234,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return None
         if principal.kind is PrincipalKind.ANONYMOUS:
             return Refusal(
-                grpc.StatusCode.UNAUTHENTICATED,
-                f"{method} ({access.value}) needs credentials: a client certificate "
-                "or 'authorization: Bearer <token>'",
+                grpc.StatusCode.UNAUTHENTICATED, _unauthenticated(method, access, principal)
             )
         return Refusal(
             grpc.StatusCode.PERMISSION_DENIED,
@@ -280,6 +286,17 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 reset_principal(token)
 
         return unary
+
+
+def _unauthenticated(method: str, access: Access, principal: Principal) -> str:
+    """What the caller lacks, for the port it reached: a TLS-only port (no client certificate
+    asked for) takes bearer tokens only, so suggesting a certificate there would mislead."""
+    needs = f"{method} ({access.value}) needs credentials"
+    if principal.via == "tls":
+        return f"{needs}: this port takes operator tokens, 'authorization: Bearer <token>'"
+    if principal.via == "certificate":
+        return f"{needs}: the client certificate carries no fleetshift:// identity"
+    return f"{needs}: a client certificate or 'authorization: Bearer <token>'"
 
 
 def _limit_key(principal: Principal) -> str:

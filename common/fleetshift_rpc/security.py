@@ -52,7 +52,7 @@ class PrincipalKind(enum.Enum):
 class Principal:
     kind: PrincipalKind
     name: str
-    via: str  # "certificate" | "token" | "plaintext" | "none"
+    via: str  # "certificate" | "token" | "plaintext" | "tls" (TLS, no client certificate)
     peer: str  # grpc's peer string, for logs
 
     @property
@@ -151,12 +151,14 @@ def peer_principal(context: grpc.aio.ServicerContext) -> Principal:
     pems = auth.get("x509_pem_cert")
     if pems:
         kind, name = principal_from_pem(bytes(pems[0]))
-        return Principal(kind, name, "certificate" if name else "none", peer)
+        # A presented certificate decides, even one without an identity (then anonymous):
+        # "client certificate, else bearer token".
+        return Principal(kind, name, "certificate", peer)
     if not auth.get("transport_security_type") or auth.get("transport_security_type") == [
         b"insecure"
     ]:
         return Principal(PrincipalKind.ANONYMOUS, "", "plaintext", peer)
-    return Principal(PrincipalKind.ANONYMOUS, "", "none", peer)
+    return Principal(PrincipalKind.ANONYMOUS, "", "tls", peer)
 
 
 def peer_host(peer: str) -> str:

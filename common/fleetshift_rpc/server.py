@@ -14,6 +14,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from fleetshift_rpc.validation import RequestBounds
+
 
 def message_options(max_message_bytes: int) -> list[tuple[str, int]]:
     return [
@@ -58,8 +60,11 @@ async def start_server(
 
     Without ``credentials`` the port is plaintext (loopback development only, see
     ``fleetshift_rpc.security.check_plaintext_allowed``)."""
+    # RequestBounds runs inside the auth interceptors: an unauthenticated caller learns
+    # nothing about the bounds, and no servicer sees an undecodable or out-of-bound request.
     server = grpc.aio.server(
-        options=message_options(max_message_bytes), interceptors=list(interceptors)
+        options=message_options(max_message_bytes),
+        interceptors=[*interceptors, RequestBounds()],
     )
     for binding in bindings:
         binding.add_to_server(binding.servicer, server)

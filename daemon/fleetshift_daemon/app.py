@@ -112,7 +112,12 @@ class Daemon:
             self.models,
             self.clock,
             SqlEfficiencyStore(self.engine),
-            PlanningSettings(cfg.planner.threshold, cfg.planner.hold_s, cfg.planner.horizon_s),
+            PlanningSettings(
+                cfg.planner.threshold,
+                cfg.planner.hold_s,
+                cfg.planner.horizon_s,
+                interval_s=cfg.planner.interval_s,
+            ),
         )
         self.workers.on_change(self.placement.fleet_changed)
         self.calibrations = await asyncio.to_thread(self._load_calibrations)

@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from fleetshift_common.bounds import MAX_CONTEXT_TOKENS
 from fleetshift_common.config import ConfigError, DaemonConfig, ModelConfig
 from fleetshift_daemon.core.errors import InvalidModelArch
 from fleetshift_daemon.core.gpus import GpuCatalogue, default_catalogue
@@ -22,6 +23,9 @@ PRESETS: dict[str, Callable[[], ModelArch]] = {
     "llama2-70b": llama2_70b,
     "llama31-70b": llama31_70b,
 }
+# each preset's max_position_embeddings
+PRESET_CONTEXT_TOKENS: dict[str, int] = {"llama2-70b": 4096, "llama31-70b": 131_072}
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
 def model_arch(model: ModelConfig) -> ModelArch:
@@ -54,6 +58,24 @@ def model_arch(model: ModelConfig) -> ModelArch:
         ) from None
 
 
+def context_tokens(model: ModelConfig) -> int:
+    """The model's context length as its config states it (Route's bound on a request's
+    length); the API's static bound when the config names none."""
+    if model.preset:
+        return PRESET_CONTEXT_TOKENS.get(model.preset, MAX_CONTEXT_TOKENS)
+    path = Path(model.hf_config)
+    path = path / "config.json" if path.is_dir() else path
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return MAX_CONTEXT_TOKENS  # model_arch has already named the unreadable file
+    for key in CONTEXT_KEYS:
+        value = raw.get(key) if isinstance(raw, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return min(value, MAX_CONTEXT_TOKENS)
+    return MAX_CONTEXT_TOKENS
+
+
 def served_models(config: DaemonConfig) -> list[ServedModel]:
     out = []
     for model in config.models:
@@ -72,6 +94,7 @@ def served_models(config: DaemonConfig) -> list[ServedModel]:
                 min_workers=model.min_workers,
                 slo=SloTarget(model.slo_ttft_ms, model.slo_tbt_ms),
                 model_dir=model.model_dir,
+                context_tokens=context_tokens(model),
             )
         )
     return out

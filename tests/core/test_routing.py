@@ -131,7 +131,6 @@ def test_missing_output_length_uses_the_estimator_and_feeds_the_monitor() -> Non
         (RouteRequest(MODEL, 10, slo=Slo(ttft_ms=0)), InvalidArgument, "slo.ttft_ms"),
         (RouteRequest(MODEL, 10, slo=Slo(tbt_ms=-1)), InvalidArgument, "slo.tbt_ms"),
         (RouteRequest(MODEL, 10, 0), InvalidArgument, "expected_output_tokens"),
-        (RouteRequest(MODEL, 10, preferred_worker_id="w-9"), NotFound, "preferred_worker_id"),
     ],
 )
 def test_validation_errors_name_the_field(
@@ -141,6 +140,12 @@ def test_validation_errors_name_the_field(
     with pytest.raises(error) as exc:
         r.route(req)
     assert getattr(exc.value, "field", None) == field
+
+
+def test_an_unknown_preferred_worker_is_a_hint_not_a_filter() -> None:
+    r = router(worker("h100", H100_SXM))
+    d = r.route(RouteRequest(MODEL, 10, 20, preferred_worker_id="w-9"))
+    assert d.worker_id == "h100" and d.terms.affinity == 1.0
 
 
 def test_large_fleet_scores_a_bounded_candidate_set() -> None:

@@ -12,7 +12,7 @@ import hashlib
 import json
 import zlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -21,9 +21,14 @@ from fleetshift.v1 import snapshot_pb2, snapshot_pb2_grpc
 from fleetshift_agent.snapshot.errors import SnapshotCorrupt, SnapshotPartNotFound
 from fleetshift_agent.snapshot.snapshot import Snapshot
 from fleetshift_agent.snapshot.store import SnapshotStore, SnapshotSummary
-from fleetshift_common.compat import CompatKey, CompatVerdict
-from fleetshift_common.errors import FleetShiftError, InvalidArgument
-from fleetshift_rpc.errors import status_for
+from fleetshift_common.bounds import check_host_port
+from fleetshift_common.compat import CompatKey, CompatVerdict, compare
+from fleetshift_common.errors import FleetShiftError, InvalidArgument, NotFound, Unavailable
+from fleetshift_rpc.errors import peer_error, status_for
+from fleetshift_rpc.server import channel
+
+if TYPE_CHECKING:
+    from fleetshift_agent.restore_compat import NodePlatform
 
 DEFAULT_CHUNK = 2 << 20
 # gRPC's default receive limit is 4 MiB per message; stay under it for any peer channel.
@@ -96,10 +101,16 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
         store: SnapshotStore,
         *,
         max_chunk: int = MAX_CHUNK,
+        platform: NodePlatform | None = None,
+        peer_credentials: grpc.ChannelCredentials | None = None,
+        max_message_bytes: int = 64 << 20,
         on_sent: Callable[[int], None] | None = None,
     ) -> None:
         self.store = store
         self.max_chunk = max_chunk
+        self.platform = platform  # this node, for CheckCompatibility by node_name
+        self.peer_credentials = peer_credentials  # for reading another agent's snapshot key
+        self.max_message_bytes = max_message_bytes
         # Told the payload bytes of every chunk sent (the agent's transfer counter).
         self.on_sent = on_sent or (lambda size: None)
 
@@ -143,13 +154,52 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
     async def CheckCompatibility(
         self, request: snapshot_pb2.CheckCompatibilityRequest, context: Any
     ) -> snapshot_pb2.SnapshotCompatVerdict:
-        def check() -> CompatVerdict:
-            if not request.HasField("destination"):
-                raise InvalidArgument("destination key is required", field="destination")
-            destination = key_from_proto(request.destination)
-            return self.store.get(request.snapshot_id).check_compat(destination)
+        try:
+            destination = self._destination_of(request)  # refused before any remote call
+            key = await self._snapshot_key(request.snapshot_id, request.source_agent_address)
+            verdict = compare(key, destination(key))
+        except FleetShiftError as exc:
+            await context.abort(status_for(exc), str(exc))
+        return verdict_to_proto(verdict)
 
-        return verdict_to_proto(await _call(context, check))
+    def _destination_of(
+        self, request: snapshot_pb2.CheckCompatibilityRequest
+    ) -> Callable[[CompatKey], CompatKey]:
+        if request.node_name and request.HasField("destination"):
+            raise InvalidArgument("give destination or node_name, not both", field="node_name")
+        if request.node_name:
+            platform = self.platform
+            if platform is None or request.node_name != platform.node_name:
+                here = platform.node_name if platform else "unknown"
+                raise NotFound(
+                    f"node_name {request.node_name!r} is not this agent's node ({here!r}); "
+                    "ask that node's agent, with source_agent_address naming this one",
+                    field="node_name",
+                )
+            return platform.destination
+        if not request.HasField("destination"):
+            raise InvalidArgument("destination key or node_name is required", field="destination")
+        given = key_from_proto(request.destination)
+        return lambda _snapshot: given
+
+    async def _snapshot_key(self, snapshot_id: str, source: str) -> CompatKey:
+        if not source:
+            return await asyncio.to_thread(lambda: self.store.get(snapshot_id).key)
+        check_host_port("source_agent_address", source)
+        try:
+            async with channel(source, self.max_message_bytes, self.peer_credentials) as ch:
+                detail = await snapshot_pb2_grpc.SnapshotServiceStub(ch).GetSnapshot(
+                    snapshot_pb2.GetSnapshotRequest(snapshot_id=snapshot_id), timeout=10
+                )
+        except grpc.aio.AioRpcError as err:
+            raise peer_error(
+                err,
+                f"source agent {source}",
+                passes={grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT},
+                default=Unavailable,
+                field="source_agent_address",
+            ) from None
+        return key_from_proto(detail.summary.key)
 
     async def ReadSnapshot(
         self, request: snapshot_pb2.ReadSnapshotRequest, context: Any

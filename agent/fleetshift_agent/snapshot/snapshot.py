@@ -129,6 +129,13 @@ class Snapshot:
             self._check_tensor_header(name, entry)
         self._verified[name] = identity
 
+    def check_listing(self) -> None:
+        """Refuse a directory that holds anything the manifest does not list (an added
+        ``tensors/evil.py``), a link, a missing file or a size that differs: cheap (no file is
+        hashed), so every restore runs it before reading a byte; the loaders then check the
+        SHA-256 of what they read."""
+        self._check_structure()
+
     def _check_structure(self) -> None:
         listed = self.manifest.files
         for entry in sorted(os.scandir(self.path), key=lambda e: e.name):

@@ -127,6 +127,9 @@ def write_engine_snapshot(
 def _read_state(
     snap: Snapshot, *, weights: bool, artifacts: bool, sessions: bool = True
 ) -> EngineState:
+    # Every restore (--restore-from, the Restore RPC, the agent's StartWorker with a snapshot
+    # id) reads through here: nothing outside the manifest gets past this line.
+    snap.check_listing()
     wanted = (["kv", "rng"] if sessions else []) + (["weights"] if weights else [])
     groups = {g: snap.load_tensors(g) for g in wanted if g in snap.tensor_groups}
     parts = {p: snap.load_json(p) for p in ("engine", "sessions", "queue")}

@@ -157,6 +157,7 @@ def worker_pb(worker: WorkerRecord) -> pb.WorkerStatus:
         origin_snapshot=worker.origin_snapshot,
         session_ids=list(worker.sessions),
         role_epoch=worker.role_epoch,
+        node_name=worker.node,
     )
     if worker.counters is not None:
         out.counters.CopyFrom(counters_pb(worker.counters))

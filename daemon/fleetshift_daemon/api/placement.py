@@ -61,6 +61,18 @@ def route_request(msg: pb.RouteRequest) -> RouteRequest:
     )
 
 
+def efficiency_note(interval_s: float, has_samples: bool) -> str:
+    """Why an efficiency report is empty, so a dashboard never shows a silent blank."""
+    if interval_s <= 0:
+        return (
+            "the planner is off (planner.interval_s = 0): no efficiency figures are computed; "
+            "PlanRebalance still answers a dry run"
+        )
+    if not has_samples:
+        return f"no planning pass has run yet (one runs every {interval_s:g} s)"
+    return ""
+
+
 def sample_pb(sample: EfficiencySample) -> pb.EfficiencySample:
     return pb.EfficiencySample(
         taken_at=convert.timestamp(sample.taken_at),
@@ -179,10 +191,13 @@ class PlanningServicer(pb_grpc.PlanningServicer):
     ) -> pb.EfficiencyReport:
         limit = min(request.history or 20, 1000)
         history = await asyncio.to_thread(self._service.efficiency_history, limit)
+        settings = self._service.settings
         out = pb.EfficiencyReport(
             history=[sample_pb(s) for s in history],
-            threshold=self._service.settings.threshold,
+            threshold=settings.threshold,
             below_threshold_for_s=self._service.below_threshold_for_s(),
+            planner_enabled=settings.interval_s > 0,
+            note=efficiency_note(settings.interval_s, bool(history)),
         )
         if history:
             out.latest.CopyFrom(sample_pb(history[-1]))

@@ -92,7 +92,7 @@ def cmd_efficiency(args: argparse.Namespace) -> int:
             placement_pb2.GetEfficiencyRequest(history=args.history), timeout=args.timeout
         )
     if not report.HasField("latest"):
-        console.print("no efficiency sample yet (the planner job has not run)")
+        console.print(report.note or "no efficiency sample yet (the planner job has not run)")
         return 0
     latest = report.latest
     colour = "green" if latest.efficiency >= report.threshold else "red"

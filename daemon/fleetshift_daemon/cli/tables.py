@@ -63,6 +63,7 @@ def workers_table(workers: Sequence[pb.WorkerStatus]) -> Table:
     table = Table(title=f"Workers: {len(workers)}")
     for column in (
         "worker",
+        "node",
         "model",
         "role",
         "TP",
@@ -82,6 +83,7 @@ def workers_table(workers: Sequence[pb.WorkerStatus]) -> Table:
         )
         table.add_row(
             w.worker_id,
+            w.node_name or "-",
             w.model,
             ROLE_TEXT.get(w.role, "?"),
             str(w.tensor_parallel),

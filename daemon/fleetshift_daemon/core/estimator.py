@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fleetshift_common.bounds import MAX_CONTEXT_TOKENS
 from fleetshift_common.errors import InvalidArgument
 
 
@@ -83,6 +84,19 @@ class OutputLengthEstimator:
         self._global: dict[str, _RunningWindow] = {}
         self._errors: dict[str, deque[tuple[float, float, float]]] = {}
         self._lock = threading.Lock()
+        self._context_tokens: dict[str, int] = {}
+
+    def set_context_limits(self, context_tokens: dict[str, int]) -> None:
+        """Each model's context length; a model not named is held to MAX_CONTEXT_TOKENS."""
+        self._context_tokens = dict(context_tokens)
+
+    def _bounded(self, model: str, prompt_tokens: int, output_tokens: int) -> int | None:
+        """A completion that cannot have happened (beyond the model's context) teaches
+        nothing; a longer claimed output is clipped to what the context leaves."""
+        limit = self._context_tokens.get(model, MAX_CONTEXT_TOKENS)
+        if prompt_tokens > limit:
+            return None
+        return min(output_tokens, limit - prompt_tokens)
 
     def estimate(self, model: str, prompt_tokens: int) -> float:
         if prompt_tokens <= 0:
@@ -102,6 +116,10 @@ class OutputLengthEstimator:
             raise InvalidArgument("prompt_tokens must be > 0", field="prompt_tokens")
         if output_tokens < 0:
             raise InvalidArgument("output_tokens must be >= 0", field="output_tokens")
+        bounded = self._bounded(model, prompt_tokens, output_tokens)
+        if bounded is None:
+            return
+        output_tokens = bounded
         cfg = self._cfg
         with self._lock:
             predicted = self.estimate(model, prompt_tokens)

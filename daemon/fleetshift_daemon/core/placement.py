@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from fleetshift_common.bounds import MAX_CONTEXT_TOKENS
 from fleetshift_common.errors import FailedPrecondition, InvalidArgument, NotFound
 from fleetshift_daemon.core.corrections import CorrectionTable
 from fleetshift_daemon.core.estimator import EstimatorError, OutputLengthEstimator
@@ -46,6 +47,7 @@ from fleetshift_daemon.core.routing import (
     WorkerView,
 )
 from fleetshift_daemon.core.traffic import TrafficMonitor, TrafficStats
+from fleetshift_daemon.core.validation import check_route_lengths
 from fleetshift_daemon.core.workers import WorkerRecord, WorkerState, WorkerTable
 
 KV_BLOCK_TOKENS = 16  # the reference engine's block size; counters report blocks
@@ -59,6 +61,9 @@ class ServedModel:
     min_workers: int = 0
     slo: SloTarget = SloTarget()  # noqa: RUF009 - frozen, so one shared default is safe
     model_dir: str = ""
+    # The model's context length (its config's max_position_embeddings): a request longer
+    # than this cannot run, so Route refuses it and the traffic window never counts it.
+    context_tokens: int = MAX_CONTEXT_TOKENS
 
     @property
     def name(self) -> str:
@@ -80,6 +85,7 @@ class PlanningSettings:
     threshold: float = 0.95  # efficiency below this is a gap
     hold_s: float = 300.0
     horizon_s: float = 3600.0
+    interval_s: float = 30.0  # how often the planning pass runs; 0: the planner is off
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,9 @@ class PlacementService:
         self.settings = settings or PlanningSettings()
         self.traffic = TrafficMonitor(clock)
         self.estimator = OutputLengthEstimator()
+        contexts = {m.name: m.context_tokens for m in models}
+        self.traffic.set_context_limits(contexts)
+        self.estimator.set_context_limits(contexts)
         gate = HysteresisConfig(
             threshold=1.0 - self.settings.threshold,
             hold_s=self.settings.hold_s,
@@ -277,6 +286,9 @@ class PlacementService:
 
     # -- Route -------------------------------------------------------------------------------
     def route(self, request: RouteRequest) -> Routed:
+        served = self.models.get(request.model)
+        if served is not None:
+            check_route_lengths(request, served.context_tokens)
         self._fresh()
         decision = self.router.route(request)  # also feeds the traffic window
         worker = self._workers.get(decision.worker_id)

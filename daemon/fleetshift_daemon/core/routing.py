@@ -421,20 +421,11 @@ class Router:
         for name, value in (("ttft_ms", slo.ttft_ms), ("tbt_ms", slo.tbt_ms)):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise InvalidArgument(f"slo.{name} must be > 0, got {value}", field=f"slo.{name}")
-        preferred = None
-        if req.preferred_worker_id:
-            preferred = self._workers.get(req.preferred_worker_id)
-            if preferred is None:
-                raise NotFound(
-                    f"preferred worker {req.preferred_worker_id!r} is not known",
-                    field="preferred_worker_id",
-                )
-            if preferred.cls.dep.arch.name != req.model:
-                raise InvalidArgument(
-                    f"preferred worker {req.preferred_worker_id!r} serves "
-                    f"{preferred.cls.dep.arch.name!r}, not {req.model!r}",
-                    field="preferred_worker_id",
-                )
+        # A hint (prefix cache, session affinity), never a filter: a worker that is unknown,
+        # stopped or serving another model is simply not preferred.
+        preferred = self._workers.get(req.preferred_worker_id or "")
+        if preferred is not None and preferred.cls.dep.arch.name != req.model:
+            preferred = None
         if req.expected_output_tokens is not None:
             if req.expected_output_tokens <= 0:
                 raise InvalidArgument(

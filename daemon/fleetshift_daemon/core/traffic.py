@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fleetshift_common.bounds import MAX_CONTEXT_TOKENS
 from fleetshift_common.errors import InvalidArgument, NotFound
 
 
@@ -80,6 +81,32 @@ class _ModelWindow:
     counters: deque[tuple[float, int, int]]
     created: float
     last_totals: dict[str, tuple[int, int]] = field(default_factory=dict)
+    last_seen: dict[str, float] = field(default_factory=dict)  # when each worker's totals came
+
+
+# No worker processes more tokens than this per second (an 8-GPU H200 node prefills well under
+# a million): a larger jump between two heartbeats (a buggy or hostile agent, a counter that
+# wrapped) is ignored rather than read as demand.
+MAX_TOKENS_PER_S_PER_WORKER = 10_000_000.0
+
+
+def plausible_counter_delta(prefill_tokens: int, decode_tokens: int, elapsed_s: float) -> bool:
+    """Whether one worker could have processed this many tokens in ``elapsed_s`` (at least a
+    second's worth is allowed, so back-to-back heartbeats are never refused)."""
+    cap = MAX_TOKENS_PER_S_PER_WORKER * max(elapsed_s, 1.0)
+    return prefill_tokens <= cap and decode_tokens <= cap
+
+
+def bounded_observation(
+    prompt_tokens: int, output_tokens: float, context_tokens: int = MAX_CONTEXT_TOKENS
+) -> tuple[int, float] | None:
+    """What one request may contribute to a model's mix: nothing when its prompt alone does
+    not fit the model's context (no such request can run), else its output clipped to the
+    rest of the context. So one call moves a window's mean length by at most
+    ``context_tokens / requests in the window``, whatever the caller claims."""
+    if prompt_tokens > context_tokens:
+        return None
+    return prompt_tokens, min(float(output_tokens), float(context_tokens - prompt_tokens))
 
 
 class TrafficMonitor:
@@ -90,6 +117,11 @@ class TrafficMonitor:
         self._config = config or TrafficConfig()
         self._models: dict[str, _ModelWindow] = {}
         self._lock = threading.Lock()
+        self._context_tokens: dict[str, int] = {}
+
+    def set_context_limits(self, context_tokens: dict[str, int]) -> None:
+        """Each model's context length; a model not named is held to MAX_CONTEXT_TOKENS."""
+        self._context_tokens = dict(context_tokens)
 
     @property
     def config(self) -> TrafficConfig:
@@ -113,10 +145,14 @@ class TrafficMonitor:
             raise InvalidArgument("prompt_tokens must be > 0", field="prompt_tokens")
         if not (math.isfinite(output_tokens) and output_tokens >= 0):
             raise InvalidArgument("output_tokens must be >= 0", field="output_tokens")
+        limit = self._context_tokens.get(model, MAX_CONTEXT_TOKENS)
+        bounded = bounded_observation(prompt_tokens, output_tokens, limit)
+        if bounded is None:
+            return
         now = self._clock()
         with self._lock:
             w = self._window(model)
-            w.requests.append((now, prompt_tokens, float(output_tokens)))
+            w.requests.append((now, *bounded))
             self._evict(w, now)
 
     def observe_counters(
@@ -130,12 +166,15 @@ class TrafficMonitor:
             w = self._window(model)
             prev = w.last_totals.get(worker_id)
             w.last_totals[worker_id] = (prefill_tokens_total, decode_tokens_total)
+            seen, w.last_seen[worker_id] = w.last_seen.get(worker_id, now), now
             if prev is None:
                 return
             dp = prefill_tokens_total - prev[0]
             dd = decode_tokens_total - prev[1]
             if dp < 0 or dd < 0:  # restarted worker: counts since restart are the delta
                 dp, dd = prefill_tokens_total, decode_tokens_total
+            if not plausible_counter_delta(dp, dd, now - seen):
+                return
             w.counters.append((now, dp, dd))
             self._evict(w, now)
 
@@ -143,6 +182,7 @@ class TrafficMonitor:
         with self._lock:
             for w in self._models.values():
                 w.last_totals.pop(worker_id, None)
+                w.last_seen.pop(worker_id, None)
 
     def _evict(self, w: _ModelWindow, now: float) -> None:
         horizon = now - self._config.window_s

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.core.fleet import GpuInfo, Registration
+from fleetshift_daemon.core.routing import RouteRequest
 
 GiB = 1024**3
 NODE_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
@@ -91,4 +92,23 @@ def _check_gpu(gpu: GpuInfo, where: str, indices: set[int], limits: Registration
             raise InvalidArgument(
                 f"{where}.nvlink_peers names GPU {peer}, which is not another GPU of this node",
                 field=f"{where}.nvlink_peers",
+            )
+
+
+def check_route_lengths(request: RouteRequest, context_tokens: int) -> None:
+    """A request's lengths must fit its model's context (the API's static bound is the
+    longest context of any model; this one is the model's own). Refused, it changes nothing.
+
+    A stated output is an expectation, not a limit, so only each length is refused here; the
+    traffic window and the estimator clip prompt + output to the context
+    (``traffic.bounded_observation``)."""
+    for name, value in (
+        ("prompt_tokens", request.prompt_tokens),
+        ("expected_output_tokens", request.expected_output_tokens),
+    ):
+        if value is not None and value > context_tokens:
+            raise InvalidArgument(
+                f"{name} must be <= {context_tokens} (the context of model "
+                f"{request.model!r}), got {value}",
+                field=name,
             )

@@ -155,18 +155,22 @@ class PredictionBasis(_message.Message):
     def __init__(self, model: _Optional[str] = ..., gpu_kind: _Optional[str] = ..., measured: _Optional[bool] = ..., description: _Optional[str] = ...) -> None: ...
 
 class EfficiencyReport(_message.Message):
-    __slots__ = ("latest", "history", "threshold", "below_threshold_for_s", "predictions")
+    __slots__ = ("latest", "history", "threshold", "below_threshold_for_s", "predictions", "planner_enabled", "note")
     LATEST_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     BELOW_THRESHOLD_FOR_S_FIELD_NUMBER: _ClassVar[int]
     PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
+    PLANNER_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
     latest: EfficiencySample
     history: _containers.RepeatedCompositeFieldContainer[EfficiencySample]
     threshold: float
     below_threshold_for_s: float
     predictions: _containers.RepeatedCompositeFieldContainer[PredictionBasis]
-    def __init__(self, latest: _Optional[_Union[EfficiencySample, _Mapping]] = ..., history: _Optional[_Iterable[_Union[EfficiencySample, _Mapping]]] = ..., threshold: _Optional[float] = ..., below_threshold_for_s: _Optional[float] = ..., predictions: _Optional[_Iterable[_Union[PredictionBasis, _Mapping]]] = ...) -> None: ...
+    planner_enabled: bool
+    note: str
+    def __init__(self, latest: _Optional[_Union[EfficiencySample, _Mapping]] = ..., history: _Optional[_Iterable[_Union[EfficiencySample, _Mapping]]] = ..., threshold: _Optional[float] = ..., below_threshold_for_s: _Optional[float] = ..., predictions: _Optional[_Iterable[_Union[PredictionBasis, _Mapping]]] = ..., planner_enabled: _Optional[bool] = ..., note: _Optional[str] = ...) -> None: ...
 
 class GetTrafficMixRequest(_message.Message):
     __slots__ = ("model",)

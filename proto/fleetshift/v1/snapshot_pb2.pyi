@@ -160,9 +160,13 @@ class SnapshotChunk(_message.Message):
     def __init__(self, file: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32: _Optional[int] = ..., last: _Optional[bool] = ...) -> None: ...
 
 class CheckCompatibilityRequest(_message.Message):
-    __slots__ = ("snapshot_id", "destination")
+    __slots__ = ("snapshot_id", "destination", "node_name", "source_agent_address")
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_AGENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     destination: SnapshotCompatKey
-    def __init__(self, snapshot_id: _Optional[str] = ..., destination: _Optional[_Union[SnapshotCompatKey, _Mapping]] = ...) -> None: ...
+    node_name: str
+    source_agent_address: str
+    def __init__(self, snapshot_id: _Optional[str] = ..., destination: _Optional[_Union[SnapshotCompatKey, _Mapping]] = ..., node_name: _Optional[str] = ..., source_agent_address: _Optional[str] = ...) -> None: ...
