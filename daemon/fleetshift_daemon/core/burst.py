@@ -81,10 +81,14 @@ def bucketed(
 
 @dataclass(frozen=True)
 class PhaseNeed:
-    """Tokens/s each phase needs standing by, and the mean work rate it was measured on."""
+    """Capacity each phase needs standing by, in requests/s of the mix it was measured on.
 
-    prefill_tokens_per_s: float = 0.0
-    decode_tokens_per_s: float = 0.0
+    Requests, not tokens: a burst is an arrival-rate event, while request sizes follow the
+    mix. Remembered in tokens, the prefill load of a prompt-heavy hour would read as a
+    standing "burst" for the whole memory after the mix turned decode-heavy."""
+
+    prefill_rps: float = 0.0
+    decode_rps: float = 0.0
 
 
 def phase_need(
@@ -106,6 +110,7 @@ def phase_need(
     )
     needs = [
         fluid_capacity(bucketed(times, values, start, now, b), b, delay, restart_s)
+        / max(float(values.mean()), 1.0)
         for values, delay in zip((prompts, outputs), delays, strict=True)
     ]
     return PhaseNeed(needs[0], needs[1])
@@ -137,8 +142,8 @@ class BurstSizer:
         restart_s: float,
     ) -> ModelDemand:
         """``demand`` with peak factors: the largest need seen within ``memory_s`` (in
-        tokens/s, so a burst seen at a higher rate still counts in a quieter window) over
-        the window's mean work rate."""
+        requests/s, so a burst seen at a higher rate still counts in a quieter window) over
+        the window's arrival rate."""
         cfg, now = self._cfg, self._clock()
         seen = self._seen.setdefault(demand.model, _Seen())
         if demand.arrival_rate_per_s > 0:
@@ -148,20 +153,19 @@ class BurstSizer:
         if not seen.history or demand.arrival_rate_per_s <= 0:
             return demand
         need = PhaseNeed(
-            max(n.prefill_tokens_per_s for _, n in seen.history),
-            max(n.decode_tokens_per_s for _, n in seen.history),
+            max(n.prefill_rps for _, n in seen.history),
+            max(n.decode_rps for _, n in seen.history),
         )
         return with_need(demand, need, cfg.max_factor)
 
 
 def with_need(demand: ModelDemand, need: PhaseNeed, max_factor: float) -> ModelDemand:
     """``demand`` with the peak factors that make its phases' capacity cover ``need``."""
-    mean_p = demand.arrival_rate_per_s * demand.mean_prompt_tokens
-    mean_d = demand.arrival_rate_per_s * demand.mean_output_tokens
+    rate = demand.arrival_rate_per_s
     return replace(
         demand,
-        prefill_peak_factor=_factor(need.prefill_tokens_per_s, mean_p, max_factor),
-        decode_peak_factor=_factor(need.decode_tokens_per_s, mean_d, max_factor),
+        prefill_peak_factor=_factor(need.prefill_rps, rate, max_factor),
+        decode_peak_factor=_factor(need.decode_rps, rate, max_factor),
     )
 
 

@@ -175,15 +175,18 @@ class PlanningCycle:
     def _plan(self, inp: PlanningInput, current: Placement) -> tuple[Plan, Solution, float]:
         best = self._planner.solve(inp, current)
         predicted = _served_share(self._planner, inp, current)
-        probe = self._headroom_input(inp, best)
-        if probe is not None:
-            inp = probe
-            best = self._planner.solve(inp, current)
+        probed = self._headroom(inp, current, best)
+        if probed is not None:
+            inp, best = probed
         plan = build_plan(self._planner, self._perf, inp, current, best, self._costs)
         return plan, best, predicted
 
-    def _headroom_input(self, inp: PlanningInput, best: Solution) -> PlanningInput | None:
-        """For models whose worker floor binds, demand scaled to what ``best`` can just carry."""
+    def _headroom(
+        self, inp: PlanningInput, current: Placement, best: Solution
+    ) -> tuple[PlanningInput, Solution] | None:
+        """For models whose worker floor binds: the placement with the most headroom at the
+        current mix (solved at a demand no placement can carry), and the demand scaled to
+        what it can just carry, at which the current placement is then judged."""
         counts: dict[str, int] = {}
         for w in best.placement.workers:
             counts[w.model] = counts.get(w.model, 0) + 1
@@ -198,14 +201,14 @@ class PlanningCycle:
         if not floored:
             return None
         wide = _scaled(inp, {name: _PROBE_RATE for name in floored})
-        served = self._planner.evaluate(wide, best.placement).served_requests_per_s
+        roomiest = self._planner.solve(wide, current)
+        served = roomiest.evaluation.served_requests_per_s
         scale = {}
         for name in floored:
-            rate = inp.demand[name].arrival_rate_per_s
-            headroom = served.get(name, 0.0) / rate
+            headroom = served.get(name, 0.0) / inp.demand[name].arrival_rate_per_s
             if headroom > 1.0:
                 scale[name] = headroom
-        return _scaled(inp, scale) if scale else None
+        return (_scaled(inp, scale), roomiest) if scale else None
 
     # -- the measured loop ------------------------------------------------------------------
     def _assess(self, inp: PlanningInput) -> dict[str, SloAssessment]:

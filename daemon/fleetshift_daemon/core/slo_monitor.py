@@ -23,6 +23,7 @@ heartbeats and the simulator from its simulated workers, through the same ``obse
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -153,8 +154,6 @@ class _Round:
 class _ModelState:
     rounds: deque[_Round] = field(default_factory=deque)
     margin_since: float | None = None
-    queue_history: deque[int] = field(default_factory=deque)
-    queue_round_at: float | None = None  # the round the last queue_history entry is from
 
 
 class SloMonitor:
@@ -233,19 +232,18 @@ class SloMonitor:
         )
 
     def _queue_growing(self, state: _ModelState, latest: dict[str, LatencySample]) -> bool:
-        """The summed queue rose in each of the last rounds and ended well above its start."""
+        """The summed queue (each worker's latest report as of each round) rose in each of
+        the last rounds and ended well above where the rise started."""
         cfg = self._cfg
-        total = sum(s.queue_depth for s in latest.values())
-        hist = state.queue_history
-        at = state.rounds[-1].at if state.rounds else None
-        if state.queue_round_at != at:
-            hist.append(total)
-            state.queue_round_at = at
-            while len(hist) > cfg.queue_growth_rounds + 1:
-                hist.popleft()
+        seen: dict[str, int] = {}
+        totals: list[int] = []
+        for r in state.rounds:
+            seen.update({w: s.queue_depth for w, s in r.samples.items()})
+            totals.append(sum(seen.values()))
+        hist = totals[-(cfg.queue_growth_rounds + 1) :]
         if len(hist) < cfg.queue_growth_rounds + 1 or hist[-1] <= cfg.queue_floor:
             return False
-        rising = all(b > a for a, b in zip(hist, list(hist)[1:], strict=False))
+        rising = all(b > a for a, b in itertools.pairwise(hist))
         return rising and hist[-1] >= cfg.queue_growth_factor * max(hist[0], cfg.queue_floor)
 
 
