@@ -1,4 +1,4 @@
-"""Issue 11's placement properties on short traces: bursts after quiet spells, mix shifts.
+"""Issue 11's placement properties on short traces: bursts, measured margin, mix shifts.
 
 Each test replays traffic an operator would recognise (a burst after a quiet spell, a load
 that drops, a mix that flips) through the daemon's own planning cycle in the simulator and
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from fleetshift_daemon.core.burst import BurstConfig
 from fleetshift_daemon.core.perfmodel import Dtype, llama2_70b
+from fleetshift_daemon.core.slo_monitor import SloMonitorConfig
 from fleetshift_daemon.sim.engine import Role, Simulator
 from fleetshift_daemon.sim.fleet import NodeGroup, SimFleet
 from fleetshift_daemon.sim.fleetshift import FleetShift
@@ -67,6 +69,28 @@ def test_a_burst_after_a_quiet_spell_finds_the_capacity_the_last_burst_needed() 
     assert _serving(fs, 999.0) > _serving(fs, 320.0), "capacity was not back before the burst"
     s_fs, s_ll = summarize(fs, "fleetshift"), summarize(ll, "ll")
     assert s_fs.cost_per_mtok < s_ll.cost_per_mtok  # it still switched off what no burst needs
+
+
+def test_retirements_wait_for_sustained_measured_margin_then_happen() -> None:
+    # Heavy traffic, then a tenth of it: the planner soon wants fewer workers, but none may
+    # retire before measured attainment has kept its margin for retire_hold_s; once it has,
+    # the surplus retires (a saving never opens the efficiency gap, so nothing else would).
+    heavy = synthetic_trace(2000, 10.0, prompt_tokens=800, output_tokens=300, seed=4)
+    light = synthetic_trace(1500, 1.0, prompt_tokens=800, output_tokens=300, seed=5)
+    trace = _concat((heavy, 0.0), (light, 200.5))
+    hold = 600.0
+    policy = FleetShift(
+        slo_monitor=SloMonitorConfig(retire_hold_s=hold),
+        burst=BurstConfig(memory_s=120.0),  # the heavy spell is not a burst to keep for
+    )
+    sim = Simulator(FLEET, trace, policy).run()
+    retired = [m for m in sim.moves if m.after == Role.OFF.value]
+    assert retired, "the load fell tenfold; the surplus must retire"
+    first_report = policy.tick_s  # the first heartbeat: no margin can be older
+    assert min(m.time_s for m in retired) >= first_report + hold
+    assert summarize(sim, "fleetshift").slo_attainment >= 0.99
+    in_service_at_end = sum(1 for i in sim.instances if i.role is not Role.OFF)
+    assert in_service_at_end <= 2
 
 
 def test_an_owned_fleet_follows_a_mix_shift_with_role_changes_within_minutes() -> None:
