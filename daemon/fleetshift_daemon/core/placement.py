@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fleetshift_common.errors import FailedPrecondition, InvalidArgument, NotFound
+from fleetshift_daemon.core.burst import BurstSizer
 from fleetshift_daemon.core.corrections import CorrectionTable
 from fleetshift_daemon.core.estimator import EstimatorError, OutputLengthEstimator
 from fleetshift_daemon.core.fleet import InventorySource, NodeRecord, NodeState
@@ -43,6 +44,7 @@ from fleetshift_daemon.core.routing import (
     RouteRequest,
     WorkerView,
 )
+from fleetshift_daemon.core.slo_monitor import LatencySample, SloMonitor
 from fleetshift_daemon.core.traffic import TrafficMonitor, TrafficStats
 from fleetshift_daemon.core.workers import WorkerRecord, WorkerState, WorkerTable
 
@@ -134,7 +136,17 @@ class PlacementService:
         )
         self.hysteresis = Hysteresis(clock, gate)
         self._planner = Planner(self.perf)
-        self.cycle = PlanningCycle(self._planner, self.perf, self.hysteresis)
+        # issue 11: size for bursts, and let measured latency (heartbeats) close the loop
+        self.slo_monitor = SloMonitor(clock)
+        self.cycle = PlanningCycle(
+            self._planner,
+            self.perf,
+            self.hysteresis,
+            clock=clock,
+            traffic=self.traffic,
+            burst=BurstSizer(clock),
+            slo_monitor=self.slo_monitor,
+        )
         self.last_report: CycleReport | None = None
         self._lock = threading.RLock()
         self._stale = True
@@ -198,6 +210,7 @@ class PlacementService:
         """Load and traffic from one heartbeat's worker counters."""
         self._fresh()
         learn = node.inventory_source is InventorySource.NVML
+        self.slo_monitor.observe(self._latency_samples(node))
         for counters in node.workers:
             worker = self._workers.find(counters.worker_id)
             if worker is None or worker.spec.model not in self.models:
@@ -231,6 +244,27 @@ class PlacementService:
                         counters.kv_blocks_used * KV_BLOCK_TOKENS,
                         counters.tbt_p50_ms / 1000.0,
                     )
+
+    def _latency_samples(self, node: NodeRecord) -> list[LatencySample]:
+        """The heartbeat's measured latencies, for the SLO monitor (served models only)."""
+        out = []
+        for c in node.workers:
+            worker = self._workers.find(c.worker_id)
+            if worker is None or worker.spec.model not in self.models:
+                continue
+            out.append(
+                LatencySample(
+                    c.worker_id,
+                    worker.spec.model,
+                    c.ttft_p50_ms,
+                    c.ttft_p99_ms,
+                    c.tbt_p50_ms,
+                    c.tbt_p99_ms,
+                    c.queue_depth,
+                    c.live_sessions,
+                )
+            )
+        return out
 
     # -- Route -------------------------------------------------------------------------------
     def route(self, request: RouteRequest) -> Routed:

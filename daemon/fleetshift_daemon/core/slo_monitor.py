@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -157,12 +158,13 @@ class _ModelState:
 
 
 class SloMonitor:
-    """Not thread-safe by itself: the daemon calls it under the placement service's lock."""
+    """Thread-safe: heartbeats observe from the RPC threads while the planning job assesses."""
 
     def __init__(self, clock: Callable[[], float], config: SloMonitorConfig | None = None) -> None:
         self._clock = clock
         self._cfg = config or SloMonitorConfig()
         self._models: dict[str, _ModelState] = {}
+        self._lock = threading.Lock()
 
     @property
     def config(self) -> SloMonitorConfig:
@@ -173,20 +175,24 @@ class SloMonitor:
 
         Reports of the same model at the same clock reading join one round; a later reading
         starts the next. A worker's newer report in a round replaces its older one."""
-        now = self._clock()
-        for s in samples:
+        batch = list(samples)
+        for s in batch:  # all or nothing: a bad report changes nothing
             _check(s)
-            state = self._models.setdefault(s.model, _ModelState())
-            if not state.rounds or state.rounds[-1].at != now:
-                state.rounds.append(_Round(now))
-            state.rounds[-1].samples[s.worker_id] = s
-        for state in self._models.values():
-            self._evict(state, now)
+        now = self._clock()
+        with self._lock:
+            for s in batch:
+                state = self._models.setdefault(s.model, _ModelState())
+                if not state.rounds or state.rounds[-1].at != now:
+                    state.rounds.append(_Round(now))
+                state.rounds[-1].samples[s.worker_id] = s
+            for state in self._models.values():
+                self._evict(state, now)
 
     def forget_worker(self, worker_id: str) -> None:
-        for state in self._models.values():
-            for r in state.rounds:
-                r.samples.pop(worker_id, None)
+        with self._lock:
+            for state in self._models.values():
+                for r in state.rounds:
+                    r.samples.pop(worker_id, None)
 
     def _evict(self, state: _ModelState, now: float) -> None:
         horizon = now - self._cfg.window_s
@@ -195,6 +201,10 @@ class SloMonitor:
 
     def assess(self, model: str, slo: SloThresholds) -> SloAssessment:
         """Attainment, risk and whether retiring is allowed, as of now."""
+        with self._lock:
+            return self._assess(model, slo)
+
+    def _assess(self, model: str, slo: SloThresholds) -> SloAssessment:
         cfg, now = self._cfg, self._clock()
         state = self._models.get(model)
         if state is None:

@@ -143,16 +143,24 @@ class EfficiencySample(_message.Message):
     def __init__(self, taken_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., efficiency: _Optional[float] = ..., current_goodput_tokens_per_s: _Optional[float] = ..., best_goodput_tokens_per_s: _Optional[float] = ..., plan_proposed: _Optional[bool] = ...) -> None: ...
 
 class EfficiencyReport(_message.Message):
-    __slots__ = ("latest", "history", "threshold", "below_threshold_for_s")
+    __slots__ = ("latest", "history", "threshold", "below_threshold_for_s", "measured_slo_reported", "measured_slo_attainment", "predicted_slo_attainment", "slo_attainment_target")
     LATEST_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     BELOW_THRESHOLD_FOR_S_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_SLO_REPORTED_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_SLO_ATTAINMENT_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_SLO_ATTAINMENT_FIELD_NUMBER: _ClassVar[int]
+    SLO_ATTAINMENT_TARGET_FIELD_NUMBER: _ClassVar[int]
     latest: EfficiencySample
     history: _containers.RepeatedCompositeFieldContainer[EfficiencySample]
     threshold: float
     below_threshold_for_s: float
-    def __init__(self, latest: _Optional[_Union[EfficiencySample, _Mapping]] = ..., history: _Optional[_Iterable[_Union[EfficiencySample, _Mapping]]] = ..., threshold: _Optional[float] = ..., below_threshold_for_s: _Optional[float] = ...) -> None: ...
+    measured_slo_reported: bool
+    measured_slo_attainment: float
+    predicted_slo_attainment: float
+    slo_attainment_target: float
+    def __init__(self, latest: _Optional[_Union[EfficiencySample, _Mapping]] = ..., history: _Optional[_Iterable[_Union[EfficiencySample, _Mapping]]] = ..., threshold: _Optional[float] = ..., below_threshold_for_s: _Optional[float] = ..., measured_slo_reported: _Optional[bool] = ..., measured_slo_attainment: _Optional[float] = ..., predicted_slo_attainment: _Optional[float] = ..., slo_attainment_target: _Optional[float] = ...) -> None: ...
 
 class GetTrafficMixRequest(_message.Message):
     __slots__ = ("model",)
