@@ -13,11 +13,14 @@ from pathlib import Path
 
 from fleetshift_common.config import ConfigError, DaemonConfig, ModelConfig
 from fleetshift_daemon.core.gpus import GpuCatalogue, default_catalogue
-from fleetshift_daemon.core.perfmodel import Dtype, ModelArch, llama2_70b
+from fleetshift_daemon.core.perfmodel import Dtype, ModelArch, llama2_70b, llama31_70b
 from fleetshift_daemon.core.placement import ServedModel
 from fleetshift_daemon.core.planner import SloTarget
 
-PRESETS: dict[str, Callable[[], ModelArch]] = {"llama2-70b": llama2_70b}
+PRESETS: dict[str, Callable[[], ModelArch]] = {
+    "llama2-70b": llama2_70b,
+    "llama31-70b": llama31_70b,
+}
 
 
 def model_arch(model: ModelConfig) -> ModelArch:

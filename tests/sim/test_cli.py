@@ -15,6 +15,7 @@ from fleetshift_daemon.sim.fleet import load_fleet
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
 AZURE = SHARED / "traces" / "azure_llm_2023_conv.csv"
+MOONCAKE = SHARED / "traces" / "mooncake_conversation_trace.jsonl"
 
 FLEET = """
 [model]
@@ -148,3 +149,44 @@ def test_the_example_fleet_file_describes_the_benchmark_fleet_at_tp4() -> None:
     ]
     assert len(fleet.instance_slots()) == 24
     assert fleet.price_per_hour() == pytest.approx(32 * (1.80 + 3.00 + 3.80))
+
+
+def test_simulate_replays_mooncake_with_the_long_context_model(tmp_path: Path) -> None:
+    head = tmp_path / "kimi.jsonl"
+    lines = MOONCAKE.read_text().splitlines()[:120]
+    head.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    argv = ["--trace", str(head), "--policy", "ll", "--no-plots", "--out", str(out)]
+    assert main([*argv, "--model", "llama31-70b", "--context-window", "model"]) == 0
+    meta = json.loads((out / "summary.json").read_text())["meta"]
+    assert meta["model"] == "llama31-70b" and meta["context_window"] == 131072
+    assert meta["requests"] == 120 and meta["over_window"] == 0
+    # the same requests on Llama-2-70B: most exceed its 4,096-token window and are refused
+    assert main([*argv, "--context-window", "model"]) == 0
+    meta = json.loads((out / "summary.json").read_text())["meta"]
+    over = sum(json.loads(x)["input_length"] + json.loads(x)["output_length"] > 4096 for x in lines)
+    assert meta["over_window"] == over > 60 and meta["requests"] == 120 - over
+    # replayed anyway (the default), but still counted
+    assert main(argv) == 0
+    meta = json.loads((out / "summary.json").read_text())["meta"]
+    assert meta["requests"] == 120 and meta["over_window"] == over
+    assert not meta["over_window_refused"]
+
+
+def test_simulate_builds_synthetic_arrivals_and_service_shifts(
+    tmp_path: Path, small_trace: Path
+) -> None:
+    kimi = tmp_path / "kimi.jsonl"
+    kimi.write_text("\n".join(MOONCAKE.read_text().splitlines()[:200]) + "\n")
+    out = tmp_path / "out"
+    common = ["--policy", "ll", "--no-plots", "--out", str(out), "--model", "llama31-70b"]
+    assert main(["--trace", str(small_trace), "--arrivals", "on-off", *common]) == 0
+    meta = json.loads((out / "summary.json").read_text())["meta"]
+    assert meta["arrivals"] == "on-off" and meta["requests"] == 300
+    assert main(["--trace", str(small_trace), "--then-trace", str(kimi), "--switch-at", "20",
+                 *common]) == 0  # fmt: skip
+    meta = json.loads((out / "summary.json").read_text())["meta"]
+    assert meta["then_trace"] == str(kimi)
+    assert main(["--trace", str(small_trace), "--context-window", "lots", *common]) == 2
+    assert main(["--trace", str(small_trace), "--arrivals", "poisson", "--fleet", "x.toml",
+                 "--model", "llama31-70b"]) == 2  # fmt: skip

@@ -144,6 +144,24 @@ def llama2_70b() -> ModelArch:
     )
 
 
+def llama31_70b() -> ModelArch:
+    """Llama-3.1-70B: Llama-2-70B's shape (80 layers, 8192 hidden, 64 heads, 8 KV heads,
+    28672 MLP) with a 128,256-token vocabulary. Its config's other values (a 131,072-token
+    window, ``max_position_embeddings``; rope theta 500,000 with llama3 scaling factor 8; RMS
+    norm eps 1e-5; untied embeddings) change no step time here: the window is enforced on the
+    trace (``sim.fleet.CONTEXT_WINDOWS``), rope and norm cost nothing the model counts."""
+    return ModelArch(
+        name="llama31-70b",
+        n_layers=80,
+        hidden=8192,
+        n_heads=64,
+        n_kv_heads=8,
+        intermediate=28672,
+        vocab=128256,
+        head_dim=128,
+    )
+
+
 @dataclass(frozen=True)
 class Deployment:
     arch: ModelArch

@@ -6,9 +6,16 @@ Example::
         --rate-scale 4 --out /tmp/sim
 
 Without ``--fleet`` the benchmark fleet is used (4 DGX-A100 80GB, 4 DGX-H100, 4 DGX-H200,
-Llama-2-70B at TP 8). ``--shift`` replaces the trace's request shapes phase by phase (see
-``trace.shifting_mix``); ``prefill-then-decode`` is a prefill-heavy first half and a
-decode-heavy second half.
+Llama-2-70B at TP 8; ``--model llama31-70b`` for long contexts). ``--trace`` takes an Azure
+CSV or Mooncake JSON lines. ``--shift`` replaces the trace's request shapes phase by phase
+(see ``trace.shifting_mix``); ``prefill-then-decode`` is a prefill-heavy first half and a
+decode-heavy second half. ``--then-trace`` splices a second real service in at half time
+(``synthetic.service_shift``); ``--arrivals`` keeps the requests and redraws their arrival
+times (``synthetic.with_arrivals``: poisson, on-off, ramp).
+
+Requests longer than the model's context window: by default they are counted and replayed
+anyway (as the earlier benchmarks and Splitwise's simulator did); ``--context-window model``
+(or a token count) refuses them, as a server would, and the title says how many.
 """
 
 from __future__ import annotations
@@ -21,12 +28,21 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from fleetshift_common.errors import FleetShiftError
+from fleetshift_common.errors import FleetShiftError, InvalidArgument
 from fleetshift_daemon.sim.engine import SimConfig
-from fleetshift_daemon.sim.fleet import load_fleet, standard_fleet
+from fleetshift_daemon.sim.fleet import PRESETS, SimFleet, load_fleet, standard_fleet
 from fleetshift_daemon.sim.report import print_table, require_matplotlib, write_outputs
 from fleetshift_daemon.sim.runner import RunOptions, policy_names, run_policies
-from fleetshift_daemon.sim.trace import Phase, Shape, Trace, load_trace, shifting_mix
+from fleetshift_daemon.sim.synthetic import ARRIVAL_PROCESSES, service_shift, with_arrivals
+from fleetshift_daemon.sim.trace import (
+    Phase,
+    Shape,
+    Trace,
+    WindowFit,
+    fit_context,
+    load_trace,
+    shifting_mix,
+)
 
 SHIFTS = {
     "prefill-then-decode": (
@@ -44,7 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fleetshift simulate", description=__doc__.split("\n")[0])
     p.add_argument("--fleet", type=Path, help="fleet TOML (default: the 12-node benchmark fleet)")
     p.add_argument(
-        "--trace", type=Path, required=True, help="CSV: TIMESTAMP,ContextTokens,GeneratedTokens"
+        "--trace",
+        type=Path,
+        required=True,
+        help="Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or Mooncake JSON lines",
+    )
+    p.add_argument("--model", choices=sorted(PRESETS), help="model of the default fleet")
+    p.add_argument(
+        "--then-trace", type=Path, help="second service: its requests replace the trace's at half"
+    )
+    p.add_argument("--switch-at", type=float, help="--then-trace switch time, s (default: half)")
+    p.add_argument(
+        "--arrivals", choices=ARRIVAL_PROCESSES, help="redraw arrival times, keep the requests"
+    )
+    p.add_argument(
+        "--context-window",
+        default="replay",
+        help="replay (count over-window requests, keep them), model (refuse them), or tokens",
     )
     p.add_argument(
         "--policy",
@@ -67,10 +99,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 def prepare_trace(args: argparse.Namespace) -> Trace:
     trace = load_trace(args.trace)
+    if args.then_trace:
+        trace = service_shift(trace, load_trace(args.then_trace), args.switch_at)
+    if args.arrivals:
+        trace = with_arrivals(trace, args.arrivals, seed=args.seed)
     if args.shift:
         trace = shifting_mix(trace, SHIFTS[args.shift], seed=args.seed)
     trace = trace.rate_scaled(args.rate_scale, seed=args.seed)
     return trace.time_compressed(args.time_compress)
+
+
+def choose_fleet(args: argparse.Namespace) -> SimFleet:
+    if args.fleet and args.model:
+        raise InvalidArgument(
+            "--model names the default fleet's model: use one of --fleet, --model", field="model"
+        )
+    if args.fleet:
+        return load_fleet(args.fleet)
+    return standard_fleet(preset=args.model or "llama2-70b")
+
+
+def apply_window(trace: Trace, fleet: SimFleet, spec: str) -> WindowFit:
+    """Refuse over-window requests (``model`` or a token count) or only count them (``replay``)."""
+    if spec not in ("replay", "model") and not spec.isdigit():
+        raise InvalidArgument(
+            f"--context-window takes replay, model or a token count, got {spec!r}",
+            field="context_window",
+        )
+    window = int(spec) if spec.isdigit() else fleet.context_window
+    if window is None:
+        return WindowFit(trace, 0, 0)
+    fit = fit_context(trace, window)
+    return fit if spec != "replay" else WindowFit(trace, fit.refused, window)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,8 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.out and not args.no_plots:
             require_matplotlib()  # fail before the runs, not after them
-        fleet = load_fleet(args.fleet) if args.fleet else standard_fleet()
-        trace = prepare_trace(args)
+        fleet = choose_fleet(args)
+        fit = apply_window(prepare_trace(args), fleet, args.context_window)
+        trace = fit.trace
         names = policy_names(args.policy)
         opts = RunOptions(
             seed=args.seed,
@@ -104,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{len(trace)} requests over {trace.duration_s:.0f} s on {fleet.gpu_count()} GPUs "
         f"(rate x{args.rate_scale:g}, time /{args.time_compress:g}, seed {args.seed})"
     )
+    if fit.refused:
+        kept = "replayed anyway" if args.context_window == "replay" else "refused"
+        title += f"; {fit.refused} over the {fit.window_tokens}-token window {kept}"
     print_table(results, title, console)
     if args.out:
         meta = {
@@ -115,6 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "seed": args.seed,
             "requests": len(trace),
             "duration_s": trace.duration_s,
+            "model": fleet.arch.name,
+            "then_trace": str(args.then_trace) if args.then_trace else None,
+            "arrivals": args.arrivals,
+            "context_window": fit.window_tokens or None,
+            "over_window": fit.refused,
+            "over_window_refused": args.context_window != "replay",
         }
         try:
             written = write_outputs(args.out, results, meta, plots=not args.no_plots)

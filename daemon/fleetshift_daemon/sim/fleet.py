@@ -4,8 +4,10 @@ A fleet file is TOML so an operator can describe the fleet they own (or consider
 few lines and replay their own trace on it. Example::
 
     [model]
-    preset = "llama2-70b"        # or hf_config = "path/to/config.json"
+    preset = "llama2-70b"        # or "llama31-70b", or hf_config = "path/to/config.json"
     dtype = "bf16"
+    # context_window = 4096      # default: the preset's window, or the config's
+                                 # max_position_embeddings; longer requests are refused
 
     [slo]                        # Splitwise convention: multiples of the unloaded times
     ttft_multiple = 6.0
@@ -36,9 +38,19 @@ from typing import Any
 
 from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.core.gpus import GpuCatalogue, GpuKind, default_catalogue
-from fleetshift_daemon.core.perfmodel import Deployment, Dtype, ModelArch, PerfModel, llama2_70b
+from fleetshift_daemon.core.perfmodel import (
+    Deployment,
+    Dtype,
+    ModelArch,
+    PerfModel,
+    llama2_70b,
+    llama31_70b,
+)
 
-PRESETS = {"llama2-70b": llama2_70b}
+PRESETS = {"llama2-70b": llama2_70b, "llama31-70b": llama31_70b}
+# The presets' context windows (their configs' max_position_embeddings). ModelArch carries no
+# window, so the simulator keeps it beside the fleet and refuses longer requests up front.
+CONTEXT_WINDOWS = {"llama2-70b": 4096, "llama31-70b": 131072}
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,7 @@ class SimFleet:
     catalogue: GpuCatalogue = field(default_factory=default_catalogue, compare=False)
     slo: SloRule = SloRule()
     internode_gbps_per_gpu: float = 50.0
+    context_window: int | None = None  # tokens (prompt + output); None: no limit known
 
     def deployment(self, group: NodeGroup) -> Deployment:
         return Deployment(self.arch, self.catalogue.get(group.gpu), group.tp, self.dtype)
@@ -109,6 +122,7 @@ class SimFleet:
             self.catalogue,
             self.slo,
             self.internode_gbps_per_gpu,
+            self.context_window,
         )
 
 
@@ -132,7 +146,9 @@ def fleet_from_mapping(data: Mapping[str, Any], base_dir: Path | None = None) ->
         cfg_path = Path(model["hf_config"])
         if base_dir is not None and not cfg_path.is_absolute():
             cfg_path = base_dir / cfg_path
-        arch = ModelArch.from_hf_config(cfg_path.parent.name, json.loads(cfg_path.read_text()))
+        raw = json.loads(cfg_path.read_text())
+        arch = ModelArch.from_hf_config(cfg_path.parent.name, raw)
+        window = raw.get("max_position_embeddings")
     else:
         preset = model.get("preset", "llama2-70b")
         if preset not in PRESETS:
@@ -141,6 +157,15 @@ def fleet_from_mapping(data: Mapping[str, Any], base_dir: Path | None = None) ->
                 field="model.preset",
             )
         arch = PRESETS[preset]()
+        window = CONTEXT_WINDOWS.get(preset)
+    window = model.get("context_window", window)
+    if window is not None and (
+        isinstance(window, bool) or not isinstance(window, int) or window < 1
+    ):
+        raise InvalidArgument(
+            f"model.context_window must be a positive integer, got {window!r}",
+            field="model.context_window",
+        )
     try:
         dtype = Dtype(model.get("dtype", "bf16"))
     except ValueError:
@@ -170,7 +195,7 @@ def fleet_from_mapping(data: Mapping[str, Any], base_dir: Path | None = None) ->
         slo_data.get("reference_gpu"),
     )
     net = float(data.get("network", {}).get("internode_gbps_per_gpu", 50.0))
-    fleet = SimFleet(arch, dtype, tuple(groups), catalogue, slo, net)
+    fleet = SimFleet(arch, dtype, tuple(groups), catalogue, slo, net, window)
     model_check = PerfModel()
     for g in groups:
         model_check.kv_capacity_tokens(fleet.deployment(g))  # typed error if it does not fit
@@ -187,9 +212,24 @@ def load_fleet(path: str | Path) -> SimFleet:
     return fleet_from_mapping(data, path.parent)
 
 
-def standard_fleet(tp: int = 8, nodes_per_kind: int = 4) -> SimFleet:
-    """The benchmark fleet: 4 DGX-A100 80GB, 4 DGX-H100, 4 DGX-H200, Llama-2-70B."""
+def standard_fleet(tp: int = 8, nodes_per_kind: int = 4, preset: str = "llama2-70b") -> SimFleet:
+    """The benchmark fleet: 4 DGX-A100 80GB, 4 DGX-H100, 4 DGX-H200, Llama-2-70B by default."""
     groups = tuple(
         NodeGroup(k, nodes_per_kind, 8, tp) for k in ("A100-SXM-80GB", "H100-SXM", "H200-SXM")
     )
-    return SimFleet(llama2_70b(), Dtype.BF16, groups)
+    return preset_fleet(preset, groups)
+
+
+def preset_fleet(preset: str, groups: Sequence[NodeGroup], slo: SloRule | None = None) -> SimFleet:
+    """A BF16 fleet of a preset model, with the preset's context window."""
+    if preset not in PRESETS:
+        raise InvalidArgument(
+            f"model preset {preset!r} unknown (known: {sorted(PRESETS)})", field="model"
+        )
+    return SimFleet(
+        PRESETS[preset](),
+        Dtype.BF16,
+        tuple(groups),
+        slo=slo or SloRule(),
+        context_window=CONTEXT_WINDOWS[preset],
+    )

@@ -9,6 +9,9 @@ where they send each request:
   are chosen with the performance model: instances are ranked by how much faster they
   prefill than they decode (relative to the fleet), and the prefill pool grows in that order
   until it balances the decode pool for the mix seen in the first window of the trace.
+* ``FixedSplit``: pools fixed by a fleet design instead (Splitwise-HA / -HH: so many prompt
+  machines of one kind, so many token machines of another): the first ``prefill`` instances
+  in fleet order prefill, the rest decode; routing as ``StaticSplit``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.sim.engine import Instance, Role, Simulator
 from fleetshift_daemon.sim.timing import StepTimer
 
@@ -171,3 +175,24 @@ class StaticSplit:
 
     def on_tick(self, sim: Simulator, t: float) -> None:
         return None
+
+
+class FixedSplit(StaticSplit):
+    """Splitwise's designed fleets: the pool sizes are the design, not chosen from traffic."""
+
+    name = "fixed-split"
+
+    def __init__(self, prefill: int, deploy_window_s: float = DEPLOY_WINDOW_S) -> None:
+        super().__init__(deploy_window_s)
+        self.prefill = prefill
+
+    def setup(self, sim: Simulator) -> None:
+        if not 0 < self.prefill < len(sim.instances):
+            raise InvalidArgument(
+                f"a split needs 1..{len(sim.instances) - 1} prefill instances of "
+                f"{len(sim.instances)}, got {self.prefill}",
+                field="prefill",
+            )
+        for inst in sim.instances:
+            inst.role = Role.PREFILL if inst.idx < self.prefill else Role.DECODE
+        self.rates(sim, observed_mix(sim, 0.0, self.deploy_window_s))
