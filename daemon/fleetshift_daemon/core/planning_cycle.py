@@ -69,9 +69,10 @@ def demand_from_traffic(monitor: TrafficMonitor, models: Iterable[str]) -> list[
 
 @dataclass(frozen=True)
 class LoopConfig:
-    # At risk, plan for this multiple of the (burst-sized) demand: the model already thought
-    # the fleet was enough, so the measured shortfall says by how much it was wrong, not the
-    # model; doubling is the smallest step that surely moves it.
+    # At risk, the short phase is planned for this multiple of what the current placement
+    # carries at the current mix (by the model): the model already thought the fleet enough,
+    # so only the measurement says it is not, and not by how much; doubling is the smallest
+    # step that surely adds capacity. Not tuned.
     risk_demand_factor: float = 2.0
     # After a capacity plan, the next waits until its moves could have landed, at least this.
     min_risk_interval_s: float = 60.0
@@ -309,24 +310,36 @@ class PlanningCycle:
         """Starts (and role changes towards the short phase) for the phases measured short.
 
         The phase whose measured latency misses (TTFT or growing queues: prefill; TBT:
-        decode) gets ``risk_demand_factor`` times its sized need; without a measured miss the
+        decode) is planned for ``risk_demand_factor`` times the larger of its sized need and
+        what the current placement carries (by the model); without a measured miss the
         model's own shortfall stands and only its starts are taken. Nothing that takes
         capacity away (a stop, a move, a role change off the short phase) is in it."""
         if not risky:
             return _only(plan, lambda m: m.kind is MoveKind.START)
-        f = self._loop.risk_demand_factor
         demand = dict(inp.demand)
         short: set[Phase] = set()
+        # The model already thought the placement enough (it may carry many times the demand
+        # on paper), so the short phase is sized from what the placement carries, not from
+        # the demand alone.
+        wide = _scaled(inp, {name: _PROBE_RATE for name in risky})
+        carried = self._planner.evaluate(wide, current).served_requests_per_s
+        f = self._loop.risk_demand_factor
         for name, a in risky.items():
             d = demand[name]
+            room = carried.get(name, 0.0) / max(d.arrival_rate_per_s, 1e-9)
             prefill = a.prefill_short or not a.decode_short
             decode = a.decode_short
             short |= {Phase.PREFILL} if prefill else set()
             short |= {Phase.DECODE} if decode else set()
+            # f times the larger of the sized need and what the placement carries now
             demand[name] = replace(
                 d,
-                prefill_peak_factor=d.prefill_peak_factor * (f if prefill else 1.0),
-                decode_peak_factor=d.decode_peak_factor * (f if decode else 1.0),
+                prefill_peak_factor=f * max(d.prefill_peak_factor, room)
+                if prefill
+                else d.prefill_peak_factor,
+                decode_peak_factor=f * max(d.decode_peak_factor, room)
+                if decode
+                else d.decode_peak_factor,
             )
         boosted = replace(inp, demand=demand)
         more = self._planner.solve(boosted, current)
