@@ -208,16 +208,17 @@ class SloMonitor:
         cfg, now = self._cfg, self._clock()
         state = self._models.get(model)
         if state is None:
-            return SloAssessment(
-                model, None, None, cfg.target, False, False, None, "no latency reported yet"
-            )
+            state = self._models.setdefault(model, _ModelState())
         self._evict(state, now)
         latest = _latest_per_worker(state.rounds)
         current = _weighted(latest.values(), slo)
         attainment = _weighted((s for r in state.rounds for s in r.samples.values()), slo)
         growing = self._queue_growing(state, latest)
         at_risk = (current is not None and current < cfg.target) or growing
-        if current is not None and current >= cfg.target + cfg.retire_margin and not growing:
+        # No latency at all (no request finished in the window) misses nothing: an idle
+        # model's surplus may retire once the hold has passed.
+        margin = current is None or current >= cfg.target + cfg.retire_margin
+        if margin and not growing:
             if state.margin_since is None:
                 state.margin_since = now
         else:
