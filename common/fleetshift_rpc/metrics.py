@@ -75,6 +75,25 @@ class DaemonMetrics:
             "Goodput gain the planner predicts for moving to the best placement (ratio - 1)",
             registry=r,
         )
+        self.slo_measured = Gauge(
+            "fleetshift_slo_attainment_measured",
+            "Share of requests meeting their SLO as the workers measured it (TTFT/TBT p50 and "
+            "p99 of their heartbeats), per model",
+            ["model"],
+            registry=r,
+        )
+        self.slo_target = Gauge(
+            "fleetshift_slo_attainment_target",
+            "Share of requests that must meet the SLO, per model",
+            ["model"],
+            registry=r,
+        )
+        self.slo_predicted = Gauge(
+            "fleetshift_slo_attainment_predicted",
+            "Share of offered requests the performance model predicts the current placement "
+            "serves within SLO (its gap to the measured share is the model's error)",
+            registry=r,
+        )
         self.arrival_rate = Gauge(
             "fleetshift_traffic_arrival_rate",
             "Requests per second over the traffic window, per model",
@@ -178,6 +197,17 @@ class DaemonMetrics:
     def set_efficiency(self, efficiency: float, predicted_gain: float = 0.0) -> None:
         self.placement_efficiency.set(efficiency)
         self.placement_gain.set(predicted_gain)
+
+    def set_slo_attainment(
+        self, measured: Mapping[str, float], target: float, predicted: float
+    ) -> None:
+        """Measured attainment per model (models without latency reports are absent)."""
+        self.slo_measured.clear()
+        self.slo_target.clear()
+        for model, value in measured.items():
+            self.slo_measured.labels(model=model).set(value)
+            self.slo_target.labels(model=model).set(target)
+        self.slo_predicted.set(predicted)
 
     def set_traffic(
         self,

@@ -316,6 +316,11 @@ class Daemon:
             log.exception("planning pass failed; retrying at the next interval")
             return
         self.metrics.set_efficiency(report.efficiency, report.plan.gain_tokens_per_s)
+        self.metrics.set_slo_attainment(  # issue 11: measured latency beside the model
+            {m: a.attainment for m, a in report.measured.items() if a.attainment is not None},
+            self.placement.slo_monitor.config.target,
+            report.predicted_attainment,
+        )
         for stats, _ in self.placement.traffic_stats():
             self.metrics.set_traffic(
                 stats.model, stats.arrival_rate_per_s, stats.prompt.mean, stats.output.mean

@@ -202,6 +202,13 @@ class PlanningServicer(pb_grpc.PlanningServicer):
         if history:
             out.latest.CopyFrom(sample_pb(history[-1]))
         out.predictions.extend(map(basis_pb, self._service.prediction_bases()))
+        report = self._service.last_report
+        if report is not None:
+            measured = report.measured_attainment
+            out.measured_slo_reported = measured is not None
+            out.measured_slo_attainment = measured if measured is not None else 0.0
+            out.predicted_slo_attainment = report.predicted_attainment
+            out.slo_attainment_target = self._service.slo_monitor.config.target
         return out
 
     @rpc_errors

@@ -103,6 +103,13 @@ def cmd_efficiency(args: argparse.Namespace) -> int:
         "tokens/s possible"
     )
     console.print("history: " + " ".join(f"{s.efficiency:.2f}" for s in report.history))
+    if report.measured_slo_reported:  # issue 11: what the workers measured, beside the model
+        ok = report.measured_slo_attainment >= report.slo_attainment_target
+        console.print(
+            f"measured SLO attainment [{'green' if ok else 'red'}]"
+            f"{report.measured_slo_attainment:.1%}[/] (target {report.slo_attainment_target:.1%}; "
+            f"the model predicts {report.predicted_slo_attainment:.1%})"
+        )
     console.print("predictions:\n" + calibrate.bases_text(report.predictions))
     return 0
 

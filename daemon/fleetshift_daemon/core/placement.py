@@ -19,6 +19,7 @@ from typing import Protocol
 
 from fleetshift_common.bounds import MAX_CONTEXT_TOKENS
 from fleetshift_common.errors import FailedPrecondition, InvalidArgument, NotFound
+from fleetshift_daemon.core.burst import BurstSizer
 from fleetshift_daemon.core.corrections import CorrectionTable
 from fleetshift_daemon.core.estimator import EstimatorError, OutputLengthEstimator
 from fleetshift_daemon.core.fleet import InventorySource, NodeRecord, NodeState
@@ -46,6 +47,7 @@ from fleetshift_daemon.core.routing import (
     RouteRequest,
     WorkerView,
 )
+from fleetshift_daemon.core.slo_monitor import LatencySample, SloMonitor
 from fleetshift_daemon.core.traffic import TrafficMonitor, TrafficStats
 from fleetshift_daemon.core.validation import check_route_lengths
 from fleetshift_daemon.core.workers import WorkerRecord, WorkerState, WorkerTable
@@ -147,6 +149,10 @@ class PlacementService:
             horizon_s=self.settings.horizon_s,
         )
         self.hysteresis = Hysteresis(clock, gate)
+        # issue 11: size for bursts, and let measured latency (heartbeats) close the loop; both
+        # outlive a change of performance model (a calibration upload rebuilds the cycle)
+        self.slo_monitor = SloMonitor(clock)
+        self._burst = BurstSizer(clock)
         self.last_report: CycleReport | None = None
         self._lock = threading.RLock()
         self._stale = True
@@ -163,7 +169,15 @@ class PlacementService:
             traffic=self.traffic,
         )
         self._planner = Planner(perf)
-        self.cycle = PlanningCycle(self._planner, perf, self.hysteresis)
+        self.cycle = PlanningCycle(
+            self._planner,
+            perf,
+            self.hysteresis,
+            clock=self._clock,
+            traffic=self.traffic,
+            burst=self._burst,
+            slo_monitor=self.slo_monitor,
+        )
         self._stale = True
 
     def use_calibrations(
@@ -250,6 +264,7 @@ class PlacementService:
         """Load and traffic from one heartbeat's worker counters."""
         self._fresh()
         learn = node.inventory_source is InventorySource.NVML
+        self.slo_monitor.observe(self._latency_samples(node))
         for counters in node.workers:
             worker = self._workers.find(counters.worker_id)
             if worker is None or worker.spec.model not in self.models:
@@ -283,6 +298,27 @@ class PlacementService:
                         counters.kv_blocks_used * KV_BLOCK_TOKENS,
                         counters.tbt_p50_ms / 1000.0,
                     )
+
+    def _latency_samples(self, node: NodeRecord) -> list[LatencySample]:
+        """The heartbeat's measured latencies, for the SLO monitor (served models only)."""
+        out = []
+        for c in node.workers:
+            worker = self._workers.find(c.worker_id)
+            if worker is None or worker.spec.model not in self.models:
+                continue
+            out.append(
+                LatencySample(
+                    c.worker_id,
+                    worker.spec.model,
+                    c.ttft_p50_ms,
+                    c.ttft_p99_ms,
+                    c.tbt_p50_ms,
+                    c.tbt_p99_ms,
+                    c.queue_depth,
+                    c.live_sessions,
+                )
+            )
+        return out
 
     # -- Route -------------------------------------------------------------------------------
     def route(self, request: RouteRequest) -> Routed:

@@ -74,6 +74,11 @@ class ModelDemand:
     arrival_rate_per_s: float
     mean_prompt_tokens: float
     mean_output_tokens: float
+    # Burst-aware sizing (``core.burst``): the capacity each phase needs per served request,
+    # over what its mean length asks for. A fleet sized at 1.0 keeps up with the mean and
+    # queues through every burst; the factors come from the arrival process the window saw.
+    prefill_peak_factor: float = 1.0
+    decode_peak_factor: float = 1.0
 
     @classmethod
     def from_stats(cls, stats: TrafficStats) -> ModelDemand:
@@ -249,6 +254,10 @@ def planning_input(
             value = getattr(d, name)
             if not (math.isfinite(value) and value >= 0):
                 raise InvalidArgument(f"{name} must be >= 0", field=f"demand[{i}].{name}")
+        for name in ("prefill_peak_factor", "decode_peak_factor"):
+            value = getattr(d, name)
+            if not (math.isfinite(value) and value >= 1):
+                raise InvalidArgument(f"{name} must be >= 1", field=f"demand[{i}].{name}")
         if d.arrival_rate_per_s > 0 and (d.mean_prompt_tokens <= 0 or d.mean_output_tokens <= 0):
             raise InvalidArgument(
                 "mean lengths must be > 0 with traffic", field=f"demand[{i}].mean_prompt_tokens"
@@ -496,8 +505,11 @@ class _Lp:
                 continue
             mine = [i for i, o in enumerate(opts) if o.model == name]
             g = 3 * n_o + j
-            add([(g, d.mean_prompt_tokens / _K)] + [(n_o + i, -1.0) for i in mine], 0.0)
-            add([(g, d.mean_output_tokens / _K)] + [(2 * n_o + i, -1.0) for i in mine], 0.0)
+            # a served request needs its phases' capacity at the burst-sized rate
+            need_p = d.mean_prompt_tokens * d.prefill_peak_factor / _K
+            need_d = d.mean_output_tokens * d.decode_peak_factor / _K
+            add([(g, need_p)] + [(n_o + i, -1.0) for i in mine], 0.0)
+            add([(g, need_d)] + [(2 * n_o + i, -1.0) for i in mine], 0.0)
             self.weight[j] = d.mean_prompt_tokens + d.mean_output_tokens
             self.rate[j] = d.arrival_rate_per_s
         # Minimum workers per model.

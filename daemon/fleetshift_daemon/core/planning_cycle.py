@@ -3,17 +3,36 @@
 The job is what makes a wrong placement visible: each pass turns the traffic window into
 demand, solves for the best placement, publishes efficiency (goodput now / goodput best) and
 asks the hysteresis gate whether the plan to get there should be proposed. It is kept here,
-pure, so the daemon's scheduler, the gRPC service and the CLI all call one function and the
-transport stays a thin conversion.
+pure, so the daemon's scheduler, the gRPC service, the CLI and the simulator all call one
+function and the transport stays a thin conversion.
+
+Three mechanisms keep the pass honest on traffic nobody tuned it on (issue 11):
+
+* **Burst-aware sizing** (``core.burst``): with a traffic monitor and a ``BurstSizer``, the
+  demand carries peak factors from the window's arrival process, so a fleet is sized for its
+  bursts, not their mean.
+* **Headroom when the floor binds**: a model whose ``min_workers`` keeps more workers than its
+  demand needs (an owned fleet) is served in full by almost any roles, so "goodput now / best"
+  sits at 1.0 and roles never followed the mix. For such a model the pass compares
+  placements at the load the best placement could just carry at the current mix: the roles
+  with the most headroom for this mix win, and a mix shift opens a gap again.
+* **Measured latency closes the loop** (``core.slo_monitor``): when the workers' measured
+  latencies put the SLO at risk, a plan for more capacity (starts and role changes only) is
+  proposed at once, bypassing the hold; retirements wait until measured attainment has kept a
+  margin over the target for a sustained time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
-from fleetshift_common.errors import NotFound
-from fleetshift_daemon.core.perfmodel import PerfModel
+from fleetshift_common.errors import InvalidArgument, NotFound
+from fleetshift_daemon.core.burst import BurstSizer
+from fleetshift_daemon.core.corrections import Phase
+from fleetshift_daemon.core.errors import UnsupportedDeployment
+from fleetshift_daemon.core.perfmodel import Deployment, PerfModel
 from fleetshift_daemon.core.planner import (
     ModelDemand,
     Placement,
@@ -24,11 +43,17 @@ from fleetshift_daemon.core.planner import (
 from fleetshift_daemon.core.plans import (
     Hysteresis,
     HysteresisDecision,
+    Move,
     MoveCostModel,
+    MoveKind,
     Plan,
     build_plan,
 )
+from fleetshift_daemon.core.routing import Role
+from fleetshift_daemon.core.slo_monitor import SloAssessment, SloMonitor, SloThresholds
 from fleetshift_daemon.core.traffic import TrafficMonitor
+
+_PROBE_RATE = 1000.0  # "uncapped" demand when measuring a placement's headroom
 
 
 def demand_from_traffic(monitor: TrafficMonitor, models: Iterable[str]) -> list[ModelDemand]:
@@ -43,12 +68,43 @@ def demand_from_traffic(monitor: TrafficMonitor, models: Iterable[str]) -> list[
 
 
 @dataclass(frozen=True)
+class LoopConfig:
+    # At risk, the short phase is planned for this multiple of what the current placement
+    # carries at the current mix (by the model): the model already thought the fleet enough,
+    # so only the measurement says it is not, and not by how much; doubling is the smallest
+    # step that surely adds capacity. Not tuned.
+    risk_demand_factor: float = 2.0
+    # After a capacity plan, the next waits until its moves could have landed, at least this.
+    min_risk_interval_s: float = 60.0
+    # With measured margin held, a plan that only retires (and re-roles) is proposed when it
+    # saves this share of $/hour at no predicted goodput loss: a saving never opens the
+    # efficiency gap, so without this the surplus of a load that fell would never retire.
+    # 5 %, the gate's own gap threshold: not tuned.
+    retire_saving: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.risk_demand_factor) and self.risk_demand_factor > 1):
+            raise InvalidArgument("risk_demand_factor must be > 1", field="risk_demand_factor")
+        if not (math.isfinite(self.min_risk_interval_s) and self.min_risk_interval_s >= 0):
+            raise InvalidArgument("min_risk_interval_s must be >= 0", field="min_risk_interval_s")
+
+
+@dataclass(frozen=True)
 class CycleReport:
     efficiency: float
     current_goodput_tokens_per_s: float
     best: Solution
     plan: Plan
     decision: HysteresisDecision
+    # the share of demand the model thinks the current placement serves within SLO
+    predicted_attainment: float = 1.0
+    measured: Mapping[str, SloAssessment] = field(default_factory=dict)
+
+    @property
+    def measured_attainment(self) -> float | None:
+        """The lowest measured attainment over the models that reported latency."""
+        values = [a.attainment for a in self.measured.values() if a.attainment is not None]
+        return min(values) if values else None
 
 
 class PlanningCycle:
@@ -58,23 +114,294 @@ class PlanningCycle:
         perf: PerfModel,
         hysteresis: Hysteresis,
         costs: MoveCostModel | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        traffic: TrafficMonitor | None = None,
+        burst: BurstSizer | None = None,
+        slo_monitor: SloMonitor | None = None,
+        loop: LoopConfig | None = None,
     ) -> None:
+        if (burst is not None and traffic is None) or (
+            (burst is not None or slo_monitor is not None) and clock is None
+        ):
+            raise InvalidArgument(
+                "burst sizing needs the traffic monitor, and it and the SLO monitor a clock",
+                field="burst",
+            )
         self._planner = planner
         self._perf = perf
         self._hysteresis = hysteresis
         self._costs = costs or MoveCostModel()
+        self._clock = clock
+        self._traffic = traffic
+        self._burst = burst
+        self._slo = slo_monitor
+        self._loop = loop or LoopConfig()
+        self._quiet_until = -math.inf
 
     def run(self, inp: PlanningInput, current: Placement) -> CycleReport:
         """The periodic pass: efficiency, the plan, and whether to propose it now."""
-        plan, best = self._plan(inp, current)
+        inp = self.sized(inp)
+        plan, best, predicted = self._plan(inp, current)
         decision = self._hysteresis.observe(plan.efficiency_before, plan)
-        return CycleReport(plan.efficiency_before, plan.goodput_before, best, plan, decision)
+        measured = self._assess(inp)
+        plan, decision = self._close_loop(inp, current, plan, decision, measured, predicted)
+        return CycleReport(
+            plan.efficiency_before,
+            plan.goodput_before,
+            best,
+            plan,
+            decision,
+            predicted,
+            measured,
+        )
 
     def dry_run(self, inp: PlanningInput, current: Placement) -> Plan:
         """The same plan for an operator, without touching the hysteresis state."""
         return self._plan(inp, current)[0]
 
-    def _plan(self, inp: PlanningInput, current: Placement) -> tuple[Plan, Solution]:
+    # -- sizing -----------------------------------------------------------------------------
+    def sized(self, inp: PlanningInput) -> PlanningInput:
+        """``inp`` with burst peak factors on each model's demand (unchanged without sizing)."""
+        if self._burst is None or self._traffic is None:
+            return inp
+        span = self._traffic.config.window_s
+        demand = {}
+        for spec in inp.models:
+            name = spec.arch.name
+            d = inp.demand.get(name)
+            if d is None:
+                continue
+            arrivals = self._traffic.arrivals(name)
+            restart = restart_s(self._perf, inp, name, self._costs)
+            demand[name] = self._burst.size(d, arrivals, span, inp.slo(name), restart)
+        return replace(inp, demand=demand)
+
+    # -- planning ---------------------------------------------------------------------------
+    def _plan(self, inp: PlanningInput, current: Placement) -> tuple[Plan, Solution, float]:
         best = self._planner.solve(inp, current)
+        predicted = _served_share(self._planner, inp, current)
+        probed = self._headroom(inp, current, best)
+        if probed is not None:
+            inp, best = probed
         plan = build_plan(self._planner, self._perf, inp, current, best, self._costs)
-        return plan, best
+        return plan, best, predicted
+
+    def _headroom(
+        self, inp: PlanningInput, current: Placement, best: Solution
+    ) -> tuple[PlanningInput, Solution] | None:
+        """For models whose worker floor binds: the placement with the most headroom at the
+        current mix (solved at a demand no placement can carry), and the demand scaled to
+        what it can just carry, at which the current placement is then judged."""
+        counts: dict[str, int] = {}
+        for w in best.placement.workers:
+            counts[w.model] = counts.get(w.model, 0) + 1
+        floored = {
+            m.arch.name
+            for m in inp.models
+            if m.min_workers > 0
+            and counts.get(m.arch.name, 0) <= m.min_workers
+            and (d := inp.demand.get(m.arch.name)) is not None
+            and d.arrival_rate_per_s > 0
+        }
+        if not floored:
+            return None
+        wide = _scaled(inp, {name: _PROBE_RATE for name in floored})
+        roomiest = self._planner.solve(wide, current)
+        served = roomiest.evaluation.served_requests_per_s
+        scale = {}
+        for name in floored:
+            headroom = served.get(name, 0.0) / inp.demand[name].arrival_rate_per_s
+            if headroom > 1.0:
+                scale[name] = headroom
+        return (_scaled(inp, scale), roomiest) if scale else None
+
+    # -- the measured loop ------------------------------------------------------------------
+    def _assess(self, inp: PlanningInput) -> dict[str, SloAssessment]:
+        if self._slo is None:
+            return {}
+        out = {}
+        for spec in inp.models:
+            name = spec.arch.name
+            slo = inp.slo(name)
+            out[name] = self._slo.assess(name, SloThresholds(slo.ttft_ms, slo.tbt_ms))
+        return out
+
+    def _close_loop(
+        self,
+        inp: PlanningInput,
+        current: Placement,
+        plan: Plan,
+        decision: HysteresisDecision,
+        measured: Mapping[str, SloAssessment],
+        predicted: float,
+    ) -> tuple[Plan, HysteresisDecision]:
+        if not measured:
+            return plan, decision
+        assert self._clock is not None
+        now = self._clock()
+        risky = {n: a for n, a in measured.items() if a.at_risk}
+        target = min(a.target for a in measured.values())
+        short = predicted < target  # the model itself says the fleet cannot carry the bursts
+        if (risky or short) and now >= self._quiet_until:
+            adding = self._capacity_plan(inp, current, risky, plan)
+            if adding.moves:
+                landed = max(m.duration_s for m in adding.moves)
+                self._quiet_until = now + max(self._loop.min_risk_interval_s, landed)
+                why = "; ".join(f"{n}: {a.reason}" for n, a in risky.items()) or (
+                    f"the model serves {predicted:.1%} of the burst-sized demand"
+                )
+                return adding, HysteresisDecision(
+                    True,
+                    decision.gap,
+                    decision.gap_since,
+                    f"SLO at risk ({why}): {len(adding.moves)} moves bring capacity back now",
+                )
+        if not decision.propose:
+            return self._surplus(inp, current, plan, decision, measured)
+        held = [n for n, a in measured.items() if not a.retire_ok]
+        stops = [m for m in plan.moves if m.kind is MoveKind.STOP and m.model in held]
+        if not stops:
+            return plan, decision
+        kept = replace(plan, moves=tuple(m for m in plan.moves if m not in stops))
+        why = f"{len(stops)} retirements held: measured margin not sustained"
+        if not kept.moves:
+            return kept, replace(decision, propose=False, reason=f"{decision.reason}; {why}")
+        return kept, replace(decision, reason=f"{decision.reason}; {why}")
+
+    def _surplus(
+        self,
+        inp: PlanningInput,
+        current: Placement,
+        plan: Plan,
+        decision: HysteresisDecision,
+        measured: Mapping[str, SloAssessment],
+    ) -> tuple[Plan, HysteresisDecision]:
+        """Retire what the best placement leaves out, once measured margin has held."""
+        shrink = {MoveKind.STOP, MoveKind.ROLE_CHANGE}
+        if not any(m.kind is MoveKind.STOP for m in plan.moves) or any(
+            m.kind not in shrink for m in plan.moves
+        ):
+            return plan, decision
+        stopping = {m.model for m in plan.moves if m.kind is MoveKind.STOP}
+        if not all(measured[n].retire_ok for n in stopping if n in measured):
+            return plan, decision
+        if plan.goodput_after < plan.goodput_before * (1.0 - 1e-6):
+            return plan, decision
+        now_cost = self._planner.evaluate(inp, current).cost_per_hour
+        after = _stopped(current, plan)
+        then_cost = self._planner.evaluate(inp, after).cost_per_hour
+        if then_cost > now_cost * (1.0 - self._loop.retire_saving):
+            return plan, decision
+        why = (
+            f"measured margin held: retiring {sum(m.kind is MoveKind.STOP for m in plan.moves)} "
+            f"workers saves {1 - then_cost / max(now_cost, 1e-9):.0%} of $/hour at no "
+            "predicted goodput loss"
+        )
+        return plan, replace(decision, propose=True, reason=why)
+
+    def _capacity_plan(
+        self,
+        inp: PlanningInput,
+        current: Placement,
+        risky: Mapping[str, SloAssessment],
+        plan: Plan,
+    ) -> Plan:
+        """Starts (and role changes towards the short phase) for the phases measured short.
+
+        The phase whose measured latency misses (TTFT or growing queues: prefill; TBT:
+        decode) is planned for ``risk_demand_factor`` times the larger of its sized need and
+        what the current placement carries (by the model); without a measured miss the
+        model's own shortfall stands and only its starts are taken. Nothing that takes
+        capacity away (a stop, a move, a role change off the short phase) is in it."""
+        if not risky:
+            return _only(plan, lambda m: m.kind is MoveKind.START)
+        demand = dict(inp.demand)
+        short: set[Phase] = set()
+        # The model already thought the placement enough (it may carry many times the demand
+        # on paper), so the short phase is sized from what the placement carries, not from
+        # the demand alone.
+        wide = _scaled(inp, {name: _PROBE_RATE for name in risky})
+        carried = self._planner.evaluate(wide, current).served_requests_per_s
+        f = self._loop.risk_demand_factor
+        for name, a in risky.items():
+            d = demand[name]
+            room = carried.get(name, 0.0) / max(d.arrival_rate_per_s, 1e-9)
+            prefill = a.prefill_short or not a.decode_short
+            decode = a.decode_short
+            short |= {Phase.PREFILL} if prefill else set()
+            short |= {Phase.DECODE} if decode else set()
+            # f times the larger of the sized need and what the placement carries now
+            demand[name] = replace(
+                d,
+                prefill_peak_factor=f * max(d.prefill_peak_factor, room)
+                if prefill
+                else d.prefill_peak_factor,
+                decode_peak_factor=f * max(d.decode_peak_factor, room)
+                if decode
+                else d.decode_peak_factor,
+            )
+        boosted = replace(inp, demand=demand)
+        more = self._planner.solve(boosted, current)
+        capacity = build_plan(self._planner, self._perf, boosted, current, more, self._costs)
+        return _only(capacity, lambda m: _adds(m, short))
+
+
+_SERVES = {
+    Role.PREFILL: {Phase.PREFILL},
+    Role.DECODE: {Phase.DECODE},
+    Role.MIXED: {Phase.PREFILL, Phase.DECODE},
+}
+
+
+def _adds(m: Move, short: set[Phase]) -> bool:
+    """A start, or a role change that keeps every short phase it served and adds one."""
+    if m.kind is MoveKind.START:
+        return True
+    if m.kind is not MoveKind.ROLE_CHANGE or m.source is None or m.target is None:
+        return False
+    before, after = _SERVES[m.source.role] & short, _SERVES[m.target.role] & short
+    return before <= after and bool(after - before)
+
+
+def _stopped(current: Placement, plan: Plan) -> Placement:
+    """``current`` without the workers ``plan`` stops."""
+    gone = {id(m.source) for m in plan.moves if m.kind is MoveKind.STOP and m.source}
+    return Placement(tuple(w for w in current.workers if id(w) not in gone))
+
+
+def _only(plan: Plan, keep: Callable[[Move], bool]) -> Plan:
+    return replace(plan, moves=tuple(m for m in plan.moves if keep(m)))
+
+
+def _scaled(inp: PlanningInput, factors: Mapping[str, float]) -> PlanningInput:
+    demand = dict(inp.demand)
+    for name, f in factors.items():
+        d = demand[name]
+        demand[name] = replace(d, arrival_rate_per_s=d.arrival_rate_per_s * f)
+    return replace(inp, demand=demand)
+
+
+def _served_share(planner: Planner, inp: PlanningInput, current: Placement) -> float:
+    """What the model predicts: the share of offered requests the placement serves in SLO."""
+    rate = sum(d.arrival_rate_per_s for d in inp.demand.values())
+    if rate <= 0:
+        return 1.0
+    served = planner.evaluate(inp, current).served_requests_per_s
+    return min(1.0, sum(served.values()) / rate)
+
+
+def restart_s(perf: PerfModel, inp: PlanningInput, model: str, costs: MoveCostModel) -> float:
+    """Seconds to bring one worker of ``model`` back (a start: weights from storage, warm-up);
+    the slowest shape the fleet could run, since any of them may be the one retired."""
+    spec = next(m for m in inp.models if m.arch.name == model)
+    worst = costs.cold_start_s
+    for node in inp.nodes:
+        for tp in spec.tp_options:
+            for dtype in spec.dtypes:
+                try:
+                    nbytes = perf.weight_bytes(Deployment(spec.arch, node.gpu, tp, dtype))
+                except UnsupportedDeployment:
+                    continue
+                worst = max(worst, nbytes / (costs.storage_gbps * 1e9) + costs.cold_start_s)
+    return worst

@@ -191,6 +191,21 @@ class TrafficMonitor:
         while w.counters and w.counters[0][0] < horizon:
             w.counters.popleft()
 
+    def arrivals(self, model: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The window's requests of ``model`` as (arrival times, prompt, output) columns.
+
+        Burst-aware sizing (``core.burst``) needs the arrival process, not its mean; an
+        unknown model has no arrivals."""
+        now = self._clock()
+        with self._lock:
+            w = self._models.get(model)
+            if w is None:
+                empty = np.empty(0)
+                return empty, empty, empty
+            self._evict(w, now)
+            reqs = np.array(w.requests, dtype=float).reshape(-1, 3)
+        return reqs[:, 0], reqs[:, 1], reqs[:, 2]
+
     def models(self) -> tuple[str, ...]:
         with self._lock:
             return tuple(sorted(self._models))

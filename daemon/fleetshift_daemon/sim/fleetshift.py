@@ -11,6 +11,7 @@ on a plan: each move takes its instance out of service for the move's cost.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,8 +20,20 @@ import numpy as np
 from fleetshift_daemon.core import planner as pl
 from fleetshift_daemon.core import plans
 from fleetshift_daemon.core import routing as rt
+from fleetshift_daemon.core.burst import BurstConfig, BurstSizer, phase_need, with_need
 from fleetshift_daemon.core.estimator import OutputLengthEstimator
-from fleetshift_daemon.core.planning_cycle import PlanningCycle, demand_from_traffic
+from fleetshift_daemon.core.planning_cycle import (
+    LoopConfig,
+    PlanningCycle,
+    demand_from_traffic,
+    restart_s,
+)
+from fleetshift_daemon.core.slo_monitor import (
+    LatencySample,
+    SloMonitor,
+    SloMonitorConfig,
+    SloThresholds,
+)
 from fleetshift_daemon.core.traffic import TrafficConfig, TrafficMonitor
 from fleetshift_daemon.sim.engine import Instance, Role, Simulator
 from fleetshift_daemon.sim.metrics import unloaded_times
@@ -28,6 +41,7 @@ from fleetshift_daemon.sim.policies import least_busy, observed_mix
 
 _TO_RT = {Role.MIXED: rt.Role.MIXED, Role.PREFILL: rt.Role.PREFILL, Role.DECODE: rt.Role.DECODE}
 _FROM_RT = {v: k for k, v in _TO_RT.items()}
+_ROUTABLE_PAUSE_S = 5.0  # a pause longer than this (a start, a move) takes it off the router
 
 
 class SimClock:
@@ -78,7 +92,12 @@ class RouterPolicy:
 
     # -- plumbing ---------------------------------------------------------------------------
     def _ensure(self, sim: Simulator) -> rt.Router:
-        roles = tuple(i.role for i in sim.instances)
+        # A starting instance (loading weights) is not routable until it serves, as a
+        # starting worker is not in the daemon's view until it registers ready.
+        now = sim.now
+        roles = tuple(
+            Role.OFF if i.paused_until > now + _ROUTABLE_PAUSE_S else i.role for i in sim.instances
+        )
         if self._router is None:
             self._slo = unloaded_times(sim) if self._slo is None else self._slo
             link = sim.fleet.internode_gbps_per_gpu * min(g.tp for g in sim.fleet.groups)
@@ -94,7 +113,7 @@ class RouterPolicy:
             )
             self._roles_seen = ()
         if roles != self._roles_seen:
-            serving = [i for i in sim.instances if i.role is not Role.OFF]
+            serving = [i for i, r in zip(sim.instances, roles, strict=True) if r is not Role.OFF]
             self._router.update_fleet([self._view(sim, i) for i in serving])
             self._by_id = {worker_id(i): i for i in serving}
             self._roles_seen = roles
@@ -150,6 +169,8 @@ class RouterPolicy:
         if idx is not None and sim.instances[idx].role in (Role.MIXED, Role.DECODE):
             return sim.instances[idx]
         pool = [i for i in sim.instances if i.role in (Role.MIXED, Role.DECODE)]
+        ready = [i for i in pool if i.paused_until <= t + _ROUTABLE_PAUSE_S]
+        pool = ready or pool
         rates = {i.idx: 1.0 for i in pool}
         return least_busy(sim, pool, req, t, rates) or src
 
@@ -252,13 +273,16 @@ def demand_of(sim: Simulator, start_s: float, end_s: float) -> pl.ModelDemand:
 
 
 class FleetShift(RouterPolicy):
-    """Router + traffic monitor + the daemon's planning cycle, every ``tick_s`` of sim time.
+    """Router + traffic monitor + the daemon's planning cycle, driven in simulated time.
 
-    Each tick is one pass of the daemon's periodic job (``core.planning_cycle``): the
-    traffic window (fed by the router's calls and by per-worker token counters, as
-    heartbeats would) becomes demand, the planner solves for the best placement, efficiency
-    is published and the hysteresis gate decides whether the plan is proposed. A proposed
-    plan is acted out make-before-break (see ``plan_orders``).
+    Every ``heartbeat_s`` the simulated workers report what an agent's heartbeat carries
+    (token counters, queue depth, live sessions, TTFT/TBT p50 and p99 over the interval) to
+    the daemon's own traffic monitor and SLO monitor. Every ``tick_s`` (or at the next
+    heartbeat once the SLO monitor says the SLO is at risk) runs one pass of the daemon's
+    periodic job (``core.planning_cycle``): the traffic window (burst-sized) becomes demand,
+    the planner solves for the best placement, efficiency is published and the gate (or the
+    measured loop) decides whether the plan is proposed. A proposed plan is acted out
+    make-before-break (see ``plan_orders``).
     """
 
     name = "fleetshift"
@@ -273,10 +297,16 @@ class FleetShift(RouterPolicy):
         hysteresis: plans.HysteresisConfig | None = None,
         costs: plans.MoveCostModel | None = None,
         planner_config: pl.PlannerConfig | None = None,
+        heartbeat_s: float = 10.0,
+        burst: BurstConfig | None = None,
+        slo_monitor: SloMonitorConfig | None = None,
+        loop: LoopConfig | None = None,
+        closed_loop: bool = True,
     ) -> None:
         super().__init__(hindsight_outputs=False, seed=seed)
         self.planner_config = planner_config
-        self.tick_s = tick_s
+        self.plan_s = tick_s
+        self.tick_s = min(heartbeat_s, tick_s) if closed_loop else tick_s
         self.window_s = window_s
         self.deploy_window_s = deploy_window_s
         self.keep_all = keep_all
@@ -284,21 +314,41 @@ class FleetShift(RouterPolicy):
             self.name = "fleetshift-all"
         self.hysteresis = hysteresis
         self.costs = costs or plans.MoveCostModel()
+        self.burst_config = burst or BurstConfig()
+        self.slo_config = slo_monitor or SloMonitorConfig()
+        self.loop = loop
+        self.closed_loop = closed_loop
         self.decisions: list[tuple[float, str]] = []
+        self.measured: list[tuple[float, float | None, float]] = []  # t, measured, predicted
         self._fed_until = 0.0
+        self._last_plan = -math.inf
+        self._slo_ms = (1.0, 1.0)
 
     def setup(self, sim: Simulator) -> None:
         self.traffic = TrafficMonitor(self.clock, TrafficConfig(window_s=self.window_s))
         self.estimator = OutputLengthEstimator()
+        self.slo = SloMonitor(self.clock, self.slo_config) if self.closed_loop else None
         config = self.planner_config or pl.PlannerConfig()
         planner = pl.Planner(
             sim.model, dataclasses.replace(config, max_decode_batch=sim.config.max_batch)
         )
         gate = plans.Hysteresis(self.clock, self.hysteresis)
-        self.cycle = PlanningCycle(planner, sim.model, gate, self.costs)
-        # Deploy time: the planner's best placement for the first window's mix, the same
-        # knowledge the static split is deployed with. Free: nothing is running yet.
-        inp = planning_input_for(sim, demand_of(sim, 0.0, self.deploy_window_s), self.keep_all)
+        sizer = BurstSizer(self.clock, self.burst_config) if self.closed_loop else None
+        self.cycle = PlanningCycle(
+            planner,
+            sim.model,
+            gate,
+            self.costs,
+            clock=self.clock,
+            traffic=self.traffic,
+            burst=sizer,
+            slo_monitor=self.slo,
+            loop=self.loop,
+        )
+        # Deploy time: the planner's best placement for the first window's mix (sized for its
+        # bursts), the same knowledge the static split is deployed with. Free: nothing is
+        # running yet.
+        inp = self._deploy_input(sim)
         solution = planner.solve(inp, pl.Placement())
         for inst, role in zip(sim.instances, target_roles(sim, solution.placement), strict=True):
             inst.role = role
@@ -306,30 +356,103 @@ class FleetShift(RouterPolicy):
                 inst.bill_start = None
         super().setup(sim)
 
+    def _deploy_input(self, sim: Simulator) -> pl.PlanningInput:
+        demand = demand_of(sim, 0.0, self.deploy_window_s)
+        inp = planning_input_for(sim, demand, self.keep_all)
+        self._slo_ms = (inp.slo(demand.model).ttft_ms, inp.slo(demand.model).tbt_ms)
+        if not self.closed_loop or demand.arrival_rate_per_s <= 0:
+            return inp
+        window = sim.trace.window(0.0, self.deploy_window_s)
+        arrivals = (
+            window.arrival_s,
+            window.prompt_tokens.astype(float),
+            window.output_tokens.astype(float),
+        )
+        restart = restart_s(sim.model, inp, demand.model, self.costs)
+        need = phase_need(
+            arrivals,
+            self.deploy_window_s,
+            self.deploy_window_s,
+            inp.slo(demand.model),
+            restart,
+            self.burst_config,
+        )
+        sized = with_need(demand, need, self.burst_config.max_factor)
+        return dataclasses.replace(inp, demand={demand.model: sized})
+
     def _heartbeat(self, sim: Simulator, t: float) -> None:
-        """What the agents would report: completions (for the estimator) and token counters."""
+        """What the agents would report: completions (for the estimator), token counters,
+        and each worker's latency percentiles and queue over the interval."""
         assert self.estimator is not None and self.traffic is not None
         fin = sim.log.finish_s
         done = np.flatnonzero((fin > self._fed_until) & (fin <= t))
         name = sim.fleet.arch.name
         for req in done[np.argsort(fin[done], kind="stable")]:
             self.estimator.observe_completion(name, int(sim.prompt[req]), int(sim.output[req]))
-        self._fed_until = t
         for inst in sim.instances:
             self.traffic.observe_counters(
                 worker_id(inst), name, inst.prefill_tokens_done, inst.decode_tokens_done
             )
+        if self.slo is not None:
+            self.slo.observe(self._latency_reports(sim, self._fed_until, t, done))
+        self._fed_until = t
+
+    def _latency_reports(
+        self, sim: Simulator, since: float, t: float, done: np.ndarray
+    ) -> list[LatencySample]:
+        """Per worker, TTFT of the prompts it prefilled and TBT of the requests it finished
+        in ``(since, t]``. Each simulated request has its own SLO (multiples of its unloaded
+        times), so a latency is reported as its share of the request's own SLO times the
+        planner's SLO for the window's mean request: the monitor judges both alike."""
+        assert self._slo is not None
+        u_ttft, u_tbt = self._slo
+        mult = sim.fleet.slo
+        log = sim.log
+        ft = log.first_token_s
+        first = np.flatnonzero((ft > since) & (ft <= t))
+        ttft = (ft[first] - sim.trace.arrival_s[first]) / (u_ttft[first] * mult.ttft_multiple)
+        multi = done[sim.output[done] > 1]
+        tbt = (log.finish_s[multi] - ft[multi]) / (sim.output[multi] - 1)
+        tbt = tbt / (u_tbt[multi] * mult.tbt_multiple)
+        pre_of, dec_of = log.prefill_inst[first], log.decode_inst[multi]
+        ttft_ms, tbt_ms = self._slo_ms
+        reports = []
+        for inst in sim.instances:
+            if inst.role is Role.OFF and inst.idle:
+                continue
+            mine_t, mine_d = ttft[pre_of == inst.idx], tbt[dec_of == inst.idx]
+            tp = np.percentile(mine_t, [50, 99]) * ttft_ms if mine_t.size else (0.0, 0.0)
+            dp = np.percentile(mine_d, [50, 99]) * tbt_ms if mine_d.size else (0.0, 0.0)
+            reports.append(
+                LatencySample(
+                    worker_id(inst),
+                    sim.fleet.arch.name,
+                    float(tp[0]),
+                    float(tp[1]),
+                    float(dp[0]),
+                    float(dp[1]),
+                    queue_depth=inst.queue_tokens,
+                    live_sessions=inst.batch,
+                )
+            )
+        return reports
 
     def on_tick(self, sim: Simulator, t: float) -> None:
         self.clock.now = t
         self._heartbeat(sim, t)
         assert self.traffic is not None
+        due = t - self._last_plan >= self.plan_s - 1e-9
+        if not due and not self._at_risk(sim):
+            return
         demand = demand_from_traffic(self.traffic, [sim.fleet.arch.name])[0]
         if demand.arrival_rate_per_s <= 0:
             return
+        self._last_plan = t
         inp = planning_input_for(sim, demand, self.keep_all)
+        self._slo_ms = (inp.slo(demand.model).ttft_ms, inp.slo(demand.model).tbt_ms)
         report = self.cycle.run(inp, current_placement(sim))
         sim.efficiency.append((t, report.efficiency))
+        self.measured.append((t, report.measured_attainment, report.predicted_attainment))
         if not report.decision.propose:
             return
         self.decisions.append((t, report.decision.reason))
@@ -339,6 +462,12 @@ class FleetShift(RouterPolicy):
                 sim.set_role(inst, role, t, kind, cost)
             else:
                 sim.schedule(t + delay, _later(sim, inst, role, kind, cost))
+
+    def _at_risk(self, sim: Simulator) -> bool:
+        if self.slo is None:
+            return False
+        ttft_ms, tbt_ms = self._slo_ms
+        return self.slo.assess(sim.fleet.arch.name, SloThresholds(ttft_ms, tbt_ms)).at_risk
 
 
 # instance, new role, kind of move, seconds out of service, delay before it takes effect

@@ -155,7 +155,7 @@ class PredictionBasis(_message.Message):
     def __init__(self, model: _Optional[str] = ..., gpu_kind: _Optional[str] = ..., measured: _Optional[bool] = ..., description: _Optional[str] = ...) -> None: ...
 
 class EfficiencyReport(_message.Message):
-    __slots__ = ("latest", "history", "threshold", "below_threshold_for_s", "predictions", "planner_enabled", "note")
+    __slots__ = ("latest", "history", "threshold", "below_threshold_for_s", "predictions", "planner_enabled", "note", "measured_slo_reported", "measured_slo_attainment", "predicted_slo_attainment", "slo_attainment_target")
     LATEST_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +163,10 @@ class EfficiencyReport(_message.Message):
     PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
     PLANNER_ENABLED_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_SLO_REPORTED_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_SLO_ATTAINMENT_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_SLO_ATTAINMENT_FIELD_NUMBER: _ClassVar[int]
+    SLO_ATTAINMENT_TARGET_FIELD_NUMBER: _ClassVar[int]
     latest: EfficiencySample
     history: _containers.RepeatedCompositeFieldContainer[EfficiencySample]
     threshold: float
@@ -170,7 +174,11 @@ class EfficiencyReport(_message.Message):
     predictions: _containers.RepeatedCompositeFieldContainer[PredictionBasis]
     planner_enabled: bool
     note: str
-    def __init__(self, latest: _Optional[_Union[EfficiencySample, _Mapping]] = ..., history: _Optional[_Iterable[_Union[EfficiencySample, _Mapping]]] = ..., threshold: _Optional[float] = ..., below_threshold_for_s: _Optional[float] = ..., predictions: _Optional[_Iterable[_Union[PredictionBasis, _Mapping]]] = ..., planner_enabled: _Optional[bool] = ..., note: _Optional[str] = ...) -> None: ...
+    measured_slo_reported: bool
+    measured_slo_attainment: float
+    predicted_slo_attainment: float
+    slo_attainment_target: float
+    def __init__(self, latest: _Optional[_Union[EfficiencySample, _Mapping]] = ..., history: _Optional[_Iterable[_Union[EfficiencySample, _Mapping]]] = ..., threshold: _Optional[float] = ..., below_threshold_for_s: _Optional[float] = ..., predictions: _Optional[_Iterable[_Union[PredictionBasis, _Mapping]]] = ..., planner_enabled: _Optional[bool] = ..., note: _Optional[str] = ..., measured_slo_reported: _Optional[bool] = ..., measured_slo_attainment: _Optional[float] = ..., predicted_slo_attainment: _Optional[float] = ..., slo_attainment_target: _Optional[float] = ...) -> None: ...
 
 class GetTrafficMixRequest(_message.Message):
     __slots__ = ("model",)

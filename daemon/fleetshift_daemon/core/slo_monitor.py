@@ -1,0 +1,308 @@
+"""Measured SLO attainment from what workers report, and whether it puts the SLO at risk.
+
+The planner sizes a fleet from a model of it; the model can be wrong (a burst it cannot see,
+interference it leaves out, a mis-calibrated GPU), and a wrong model says the placement is
+ideal while requests miss their SLO. This monitor closes the loop on what the workers
+*measured*: each heartbeat carries a worker's TTFT and TBT percentiles (p50, p99) and its
+queue depth, and the monitor turns them into
+
+* an estimate of the share of requests meeting the SLO (attainment), published beside the
+  efficiency figure so that reality, not only the model, can alert;
+* ``at_risk``: the latest round of reports says the SLO is being missed, or queues keep
+  growing: capacity must come back now, without waiting for the hysteresis hold;
+* ``retire_ok``: attainment has stayed at or above a margin over the target for a sustained
+  time: only then may capacity be retired.
+
+Heartbeats carry two percentiles, not every request, so the share meeting a threshold is
+estimated by fitting a log-normal through (p50, p99) per worker and metric (latencies are
+positive and right-skewed; two quantiles pin a log-normal exactly). A worker's share is the
+lower of its TTFT and TBT shares (a request needs both), and the fleet's is the mean over
+workers weighted by their live sessions. The clock is injected; the daemon feeds it from
+heartbeats and the simulator from its simulated workers, through the same ``observe``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from fleetshift_common.errors import InvalidArgument
+
+_Z99 = 2.3263478740408408  # standard normal quantile of 0.99
+
+
+@dataclass(frozen=True)
+class LatencySample:
+    """One worker's latency report, as a heartbeat carries it (0 = no data yet)."""
+
+    worker_id: str
+    model: str
+    ttft_p50_ms: float = 0.0
+    ttft_p99_ms: float = 0.0
+    tbt_p50_ms: float = 0.0
+    tbt_p99_ms: float = 0.0
+    queue_depth: int = 0
+    live_sessions: int = 0
+
+    @property
+    def has_latency(self) -> bool:
+        return self.ttft_p50_ms > 0 or self.tbt_p50_ms > 0
+
+
+@dataclass(frozen=True)
+class SloMonitorConfig:
+    target: float = 0.99  # share of requests that must meet the SLO
+    # Retiring needs attainment at or above target + retire_margin for retire_hold_s without
+    # a break: one quiet heartbeat is no evidence the fleet can spare a worker.
+    retire_margin: float = 0.005
+    retire_hold_s: float = 600.0
+    window_s: float = 300.0  # reports older than this are forgotten
+    # Queue growth: the model's summed queue depth rose in each of this many consecutive
+    # rounds, ending at least growth_factor above where the rise started.
+    queue_growth_rounds: int = 3
+    queue_growth_factor: float = 2.0
+    queue_floor: int = 1  # a queue at or below this is never "growing"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target < 1:
+            raise InvalidArgument("target must be in (0, 1)", field="target")
+        if not 0 <= self.retire_margin < 1 - self.target:
+            raise InvalidArgument("retire_margin must be in [0, 1 - target)", field="retire_margin")
+        for name in ("retire_hold_s", "window_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise InvalidArgument(f"{name} must be >= 0", field=name)
+        if self.queue_growth_rounds < 1 or not self.queue_growth_factor >= 1:
+            raise InvalidArgument(
+                "queue_growth_rounds >= 1 and queue_growth_factor >= 1 required",
+                field="queue_growth_rounds",
+            )
+
+
+@dataclass(frozen=True)
+class SloThresholds:
+    """The model's SLO in milliseconds, as the planner's ``SloTarget`` states it."""
+
+    ttft_ms: float
+    tbt_ms: float
+
+
+@dataclass(frozen=True)
+class SloAssessment:
+    model: str
+    attainment: float | None  # over the window; None without any latency report
+    current: float | None  # the latest round of reports only
+    target: float
+    at_risk: bool
+    retire_ok: bool
+    margin_since: float | None
+    reason: str
+    # which phase misses: the latest round's TTFT and TBT shares, and whether queues grow
+    ttft_current: float | None = None
+    tbt_current: float | None = None
+    queue_growing: bool = False
+
+    @property
+    def prefill_short(self) -> bool:
+        return self.queue_growing or (
+            self.ttft_current is not None and self.ttft_current < self.target
+        )
+
+    @property
+    def decode_short(self) -> bool:
+        return self.tbt_current is not None and self.tbt_current < self.target
+
+    @property
+    def gap(self) -> float:
+        """How far measured attainment is below the target (0 when at or above it)."""
+        return 0.0 if self.attainment is None else max(0.0, self.target - self.attainment)
+
+
+def share_within(p50: float, p99: float, threshold: float) -> float:
+    """Share of a log-normal latency with these percentiles at or below ``threshold``."""
+    if p50 <= 0 and p99 <= 0:
+        return 1.0  # nothing measured on this metric
+    p50 = max(p50, 1e-9)
+    p99 = max(p99, p50)
+    if threshold <= 0:
+        return 0.0
+    sigma = math.log(p99 / p50) / _Z99
+    z = math.log(threshold / p50)
+    if sigma <= 1e-12:
+        return 1.0 if z >= 0 else 0.0
+    return 0.5 * math.erfc(-z / (sigma * math.sqrt(2.0)))
+
+
+def sample_attainment(s: LatencySample, slo: SloThresholds) -> float:
+    """A request must meet both TTFT and TBT: the lower of the two shares."""
+    return min(
+        share_within(s.ttft_p50_ms, s.ttft_p99_ms, slo.ttft_ms),
+        share_within(s.tbt_p50_ms, s.tbt_p99_ms, slo.tbt_ms),
+    )
+
+
+@dataclass
+class _Round:
+    at: float
+    samples: dict[str, LatencySample] = field(default_factory=dict)
+
+
+@dataclass
+class _ModelState:
+    rounds: deque[_Round] = field(default_factory=deque)
+    margin_since: float | None = None
+
+
+class SloMonitor:
+    """Thread-safe: heartbeats observe from the RPC threads while the planning job assesses."""
+
+    def __init__(self, clock: Callable[[], float], config: SloMonitorConfig | None = None) -> None:
+        self._clock = clock
+        self._cfg = config or SloMonitorConfig()
+        self._models: dict[str, _ModelState] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def config(self) -> SloMonitorConfig:
+        return self._cfg
+
+    def observe(self, samples: Iterable[LatencySample]) -> None:
+        """One round of reports (a heartbeat, or all simulated workers at one instant).
+
+        Reports of the same model at the same clock reading join one round; a later reading
+        starts the next. A worker's newer report in a round replaces its older one."""
+        batch = list(samples)
+        for s in batch:  # all or nothing: a bad report changes nothing
+            _check(s)
+        now = self._clock()
+        with self._lock:
+            for s in batch:
+                state = self._models.setdefault(s.model, _ModelState())
+                if not state.rounds or state.rounds[-1].at != now:
+                    state.rounds.append(_Round(now))
+                state.rounds[-1].samples[s.worker_id] = s
+            for state in self._models.values():
+                self._evict(state, now)
+
+    def forget_worker(self, worker_id: str) -> None:
+        with self._lock:
+            for state in self._models.values():
+                for r in state.rounds:
+                    r.samples.pop(worker_id, None)
+
+    def _evict(self, state: _ModelState, now: float) -> None:
+        horizon = now - self._cfg.window_s
+        while state.rounds and state.rounds[0].at < horizon:
+            state.rounds.popleft()
+
+    def assess(self, model: str, slo: SloThresholds) -> SloAssessment:
+        """Attainment, risk and whether retiring is allowed, as of now."""
+        with self._lock:
+            return self._assess(model, slo)
+
+    def _assess(self, model: str, slo: SloThresholds) -> SloAssessment:
+        cfg, now = self._cfg, self._clock()
+        state = self._models.get(model)
+        if state is None:
+            state = self._models.setdefault(model, _ModelState())
+        self._evict(state, now)
+        latest = _latest_per_worker(state.rounds)
+        current = _weighted(latest.values(), slo)
+        attainment = _weighted((s for r in state.rounds for s in r.samples.values()), slo)
+        growing = self._queue_growing(state, latest)
+        at_risk = (current is not None and current < cfg.target) or growing
+        # No latency at all (no request finished in the window) misses nothing: an idle
+        # model's surplus may retire once the hold has passed.
+        margin = current is None or current >= cfg.target + cfg.retire_margin
+        if margin and not growing:
+            if state.margin_since is None:
+                state.margin_since = now
+        else:
+            state.margin_since = None
+        held = 0.0 if state.margin_since is None else now - state.margin_since
+        retire_ok = state.margin_since is not None and held >= cfg.retire_hold_s
+        reason = _reason(current, attainment, cfg, growing, held, retire_ok)
+        ttft_slo = SloThresholds(slo.ttft_ms, math.inf)
+        tbt_slo = SloThresholds(math.inf, slo.tbt_ms)
+        return SloAssessment(
+            model,
+            attainment,
+            current,
+            cfg.target,
+            at_risk,
+            retire_ok,
+            state.margin_since,
+            reason,
+            _weighted(latest.values(), ttft_slo),
+            _weighted(latest.values(), tbt_slo),
+            growing,
+        )
+
+    def _queue_growing(self, state: _ModelState, latest: dict[str, LatencySample]) -> bool:
+        """The summed queue (each worker's latest report as of each round) rose in each of
+        the last rounds and ended well above where the rise started."""
+        cfg = self._cfg
+        seen: dict[str, int] = {}
+        totals: list[int] = []
+        for r in state.rounds:
+            seen.update({w: s.queue_depth for w, s in r.samples.items()})
+            totals.append(sum(seen.values()))
+        hist = totals[-(cfg.queue_growth_rounds + 1) :]
+        if len(hist) < cfg.queue_growth_rounds + 1 or hist[-1] <= cfg.queue_floor:
+            return False
+        rising = all(b > a for a, b in itertools.pairwise(hist))
+        return rising and hist[-1] >= cfg.queue_growth_factor * max(hist[0], cfg.queue_floor)
+
+
+def _latest_per_worker(rounds: Iterable[_Round]) -> dict[str, LatencySample]:
+    latest: dict[str, LatencySample] = {}
+    for r in rounds:
+        latest.update(r.samples)
+    return latest
+
+
+def _weighted(samples: Iterable[LatencySample], slo: SloThresholds | None = None) -> float | None:
+    """Session-weighted mean attainment of the samples with latency data; None if none."""
+    total = weight = 0.0
+    for s in samples:
+        if not s.has_latency:
+            continue
+        w = float(max(s.live_sessions, 1))
+        weight += w
+        total += w * (1.0 if slo is None else sample_attainment(s, slo))
+    return None if weight == 0 else total / weight
+
+
+def _check(s: LatencySample) -> None:
+    for name in ("ttft_p50_ms", "ttft_p99_ms", "tbt_p50_ms", "tbt_p99_ms"):
+        value = getattr(s, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise InvalidArgument(f"{name} must be a finite number >= 0", field=name)
+    if s.queue_depth < 0 or s.live_sessions < 0:
+        raise InvalidArgument("queue_depth and live_sessions must be >= 0", field="queue_depth")
+
+
+def _reason(
+    current: float | None,
+    attainment: float | None,
+    cfg: SloMonitorConfig,
+    growing: bool,
+    held: float,
+    retire_ok: bool,
+) -> str:
+    if current is None:
+        return "queues growing, no latency reported yet" if growing else "no latency reported"
+    parts = [f"measured {current:.1%} now, {attainment or 0.0:.1%} over the window"]
+    if current < cfg.target:
+        parts.append(f"below the {cfg.target:.1%} target: SLO at risk")
+    if growing:
+        parts.append("queues growing: SLO at risk")
+    if retire_ok:
+        parts.append(f"margin held {held:.0f} s: retiring allowed")
+    else:
+        parts.append(f"margin held {held:.0f} of {cfg.retire_hold_s:.0f} s: no retiring")
+    return "; ".join(parts)
