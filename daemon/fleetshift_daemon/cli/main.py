@@ -224,6 +224,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("nodes", help="list the fleet's nodes").set_defaults(run=cmd_nodes)
     sub.add_parser("certs", help="issue a CA and certificates: fleetshift certs --help")
+    sub.add_parser("gateway", help="serve the OpenAI API: fleetshift gateway --help")
     sub.add_parser(
         "simulate", help="replay a trace on a simulated fleet: fleetshift simulate --help"
     )
@@ -287,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         from fleetshift_daemon.sim.cli import main as simulate
 
         return int(simulate(argv[1:]) or 0)
+    if argv[:1] == ["gateway"]:  # fleetshift gateway --daemon ADDR --model NAME=DIR ...
+        from fleetshift_gateway.main import main as gateway
+
+        return gateway(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return int(args.run(args))
