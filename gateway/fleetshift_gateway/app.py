@@ -8,16 +8,18 @@ its own HTTP status, and a failure after it ends the stream with an error event.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 from starlette.applications import Starlette
+from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -40,6 +42,7 @@ class Gateway:
     models: dict[str, ModelTokenizer]
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    token: str = ""  # non-empty: every /v1 request must carry "Authorization: Bearer <token>"
 
 
 @dataclass
@@ -75,7 +78,7 @@ def build_app(gw: Gateway) -> Starlette:
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "models": sorted(gw.models)})
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -83,6 +86,25 @@ def build_app(gw: Gateway) -> Starlette:
             Route("/health", health, methods=["GET"]),
         ]
     )
+    if gw.token:
+        app.add_middleware(BaseHTTPMiddleware, dispatch=_bearer(gw))
+    return app
+
+
+def _bearer(gw: Gateway) -> Callable[[Request, Any], Awaitable[Response]]:
+    """Like the daemon's operator port: a bearer token, compared in constant time. /health
+    stays open for load balancers."""
+    expected = f"Bearer {gw.token}".encode()
+
+    async def check(request: Request, call_next: Any) -> Response:
+        given = request.headers.get("authorization", "").encode()
+        if request.url.path == "/health" or hmac.compare_digest(given, expected):
+            response: Response = await call_next(request)
+            return response
+        err = ApiError(401, "a valid bearer token is required", code="invalid_api_key")
+        return _refuse(gw, request.url.path, _Call.new("auth"), err)
+
+    return check
 
 
 Parser = Callable[[dict[str, Any], dict[str, ModelTokenizer]], parse.Generation]

@@ -37,6 +37,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", default=[], metavar="NAME=DIR")
     p.add_argument("--daemon-config", type=Path, help="read models and model_dir from it")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    p.add_argument("--token-file", type=Path, help="require this bearer token on /v1 requests")
+    p.add_argument("--tls-cert", default="", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-key", default="", help="and its private key")
     return p
 
 
@@ -68,8 +71,15 @@ async def run(args: argparse.Namespace) -> None:
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=host, registry=metrics.registry)
     async with grpc.aio.insecure_channel(args.daemon) as daemon:
-        gw = Gateway(daemon, models, args.max_body_bytes, metrics)
-        config = uvicorn.Config(build_app(gw), log_level="warning", access_log=False)
+        token = args.token_file.read_text().strip() if args.token_file else ""
+        gw = Gateway(daemon, models, args.max_body_bytes, metrics, token)
+        config = uvicorn.Config(
+            build_app(gw),
+            log_level="warning",
+            access_log=False,
+            ssl_certfile=args.tls_cert or None,
+            ssl_keyfile=args.tls_key or None,
+        )
         bound = sock.getsockname()[1]
         log.info("gateway on %s:%d for %s, daemon %s", host, bound, sorted(models), args.daemon)
         if args.port_file:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -100,3 +101,17 @@ def test_daemon_down_is_503_and_the_gateway_stays_up(base_url: str) -> None:
         client.completions.create(model="nope", prompt="hello", max_tokens=4)
     assert [m.id for m in client.models.list()] == [MODEL]
     assert httpx.get(base_url.removesuffix("/v1") + "/health", timeout=5).json()["status"] == "ok"
+
+
+def test_bearer_token_is_required_when_configured(tmp_path: Path) -> None:
+    assert make_model(["--out", str(tmp_path / "model"), "--preset", "tiny"]) == 0
+    (tmp_path / "token").write_text("s3cret\n")
+    nobody = f"127.0.0.1:{free_port()}"
+    extra = ("--token-file", str(tmp_path / "token"))
+    with gateway(tmp_path, nobody, MODEL, tmp_path / "model", *extra) as url:
+        with pytest.raises(openai.AuthenticationError) as caught:
+            openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+        assert caught.value.status_code == 401
+        listed = openai.OpenAI(base_url=url, api_key="s3cret", max_retries=0).models.list()
+        assert [m.id for m in listed] == [MODEL]
+        assert httpx.get(url.removesuffix("/v1") + "/health", timeout=5).status_code == 200
