@@ -29,7 +29,7 @@ from fleetshift_gateway import requests as parse
 from fleetshift_gateway.errors import ApiError, bad_request, from_rpc
 from fleetshift_gateway.metrics import GatewayMetrics
 from fleetshift_gateway.tokenizer import ModelTokenizer
-from fleetshift_gateway.upstream import serve
+from fleetshift_gateway.upstream import WorkerChannels, serve
 from fleetshift_rpc.sessions import SessionLost
 
 log = logging.getLogger("fleetshift.gateway")
@@ -42,6 +42,7 @@ class Gateway:
     models: dict[str, ModelTokenizer]
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    channels: WorkerChannels = field(default_factory=WorkerChannels)
     token: str = ""  # non-empty: every /v1 request must carry "Authorization: Bearer <token>"
 
 
@@ -164,7 +165,7 @@ async def _tokens(
 ) -> AsyncIterator[worker_pb2.GenerateResponse]:
     """The session's tokens; every upstream failure becomes an ApiError."""
     try:
-        async for msg in serve(gw.daemon, gen, f"gw-{call.request_id}"):
+        async for msg in serve(gw.daemon, gw.channels, gen, f"gw-{call.request_id}"):
             yield msg
     except grpc.aio.AioRpcError as err:
         raise from_rpc(err, gen.model.name) from err

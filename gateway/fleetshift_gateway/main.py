@@ -72,7 +72,7 @@ async def run(args: argparse.Namespace) -> None:
         start_http_server(args.metrics_port, addr=host, registry=metrics.registry)
     async with grpc.aio.insecure_channel(args.daemon) as daemon:
         token = args.token_file.read_text().strip() if args.token_file else ""
-        gw = Gateway(daemon, models, args.max_body_bytes, metrics, token)
+        gw = Gateway(daemon, models, args.max_body_bytes, metrics, token=token)
         config = uvicorn.Config(
             build_app(gw),
             log_level="warning",
@@ -84,7 +84,10 @@ async def run(args: argparse.Namespace) -> None:
         log.info("gateway on %s:%d for %s, daemon %s", host, bound, sorted(models), args.daemon)
         if args.port_file:
             args.port_file.write_text(f"{bound}\n")
-        await uvicorn.Server(config).serve(sockets=[sock])
+        try:
+            await uvicorn.Server(config).serve(sockets=[sock])
+        finally:
+            await gw.channels.close()
 
 
 def main(argv: list[str] | None = None) -> int:

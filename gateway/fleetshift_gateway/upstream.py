@@ -9,6 +9,7 @@ KV, release; ImportSession) and follows it there from token 1, so the client see
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import grpc
 
@@ -17,6 +18,28 @@ from fleetshift_gateway.requests import Generation
 from fleetshift_rpc.sessions import follow_session, routed_session
 
 ROUTE_TIMEOUT_S = 5.0
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+class WorkerChannels:
+    """One gRPC channel per worker endpoint, kept for the gateway's life: connecting afresh
+    for every request would add a TCP and HTTP/2 handshake to each one's TTFT."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, grpc.aio.Channel] = {}
+
+    @asynccontextmanager
+    async def lend(self, endpoint: str) -> AsyncIterator[grpc.aio.Channel]:
+        channel = self._open.get(endpoint)
+        if channel is None:
+            options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+            channel = self._open[endpoint] = grpc.aio.insecure_channel(endpoint, options=options)
+        yield channel
+
+    async def close(self) -> None:
+        for channel in self._open.values():
+            await channel.close()
+        self._open.clear()
 
 
 def generate_request(gen: Generation, session_id: str) -> worker_pb2.GenerateRequest:
@@ -39,27 +62,30 @@ def route_request(gen: Generation) -> placement_pb2.RouteRequest:
 
 
 async def serve(
-    daemon: grpc.aio.Channel, gen: Generation, session_id: str
+    daemon: grpc.aio.Channel, channels: WorkerChannels, gen: Generation, session_id: str
 ) -> AsyncIterator[worker_pb2.GenerateResponse]:
     route = route_request(gen)
     routed = await placement_pb2_grpc.PlacementStub(daemon).Route(route, timeout=ROUTE_TIMEOUT_S)
     request = generate_request(gen, session_id)
     if routed.decode_endpoint and routed.decode_endpoint != routed.endpoint:
-        async for msg in _split(daemon, routed, request):
+        async for msg in _split(daemon, channels, routed, request):
             yield msg
         return
     route.reroute = True  # the Route above already counted this request in the traffic mix
-    async for msg in routed_session(daemon, route, request, endpoint=routed.endpoint):
+    async for msg in routed_session(
+        daemon, route, request, endpoint=routed.endpoint, channel_for=channels.lend
+    ):
         yield msg
 
 
 async def _split(
     daemon: grpc.aio.Channel,
+    channels: WorkerChannels,
     routed: placement_pb2.RouteResponse,
     request: worker_pb2.GenerateRequest,
 ) -> AsyncIterator[worker_pb2.GenerateResponse]:
     sid = request.session_id
-    async with grpc.aio.insecure_channel(routed.endpoint) as ch:
+    async with channels.lend(routed.endpoint) as ch:
         prefill = worker_pb2_grpc.WorkerServiceStub(ch)
         call = prefill.Generate(request)
         received = 0
@@ -79,10 +105,12 @@ async def _split(
             break
         else:
             return
-    async with grpc.aio.insecure_channel(routed.decode_endpoint) as ch:
+    async with channels.lend(routed.decode_endpoint) as ch:
         await worker_pb2_grpc.WorkerServiceStub(ch).ImportSession(
             worker_pb2.ImportSessionRequest(blob=exported.blob), timeout=30
         )
     resume = worker_pb2.GenerateRequest(resume_session_id=sid, resume_from_token=received)
-    async for msg in follow_session(daemon, routed.decode_endpoint, resume):
+    async for msg in follow_session(
+        daemon, routed.decode_endpoint, resume, channel_for=channels.lend
+    ):
         yield msg
