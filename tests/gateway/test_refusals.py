@@ -115,3 +115,15 @@ def test_bearer_token_is_required_when_configured(tmp_path: Path) -> None:
         listed = openai.OpenAI(base_url=url, api_key="s3cret", max_retries=0).models.list()
         assert [m.id for m in listed] == [MODEL]
         assert httpx.get(url.removesuffix("/v1") + "/health", timeout=5).status_code == 200
+
+
+def test_metrics_count_requests_and_errors_by_cause(tmp_path: Path) -> None:
+    assert make_model(["--out", str(tmp_path / "model"), "--preset", "tiny"]) == 0
+    port, nobody = free_port(), f"127.0.0.1:{free_port()}"
+    with gateway(tmp_path, nobody, MODEL, tmp_path / "model", "--metrics-port", str(port)) as url:
+        for body in ({"model": "nope", "prompt": "x"}, {"model": MODEL, "prompt": "x"}):
+            post(url, "/completions", json=body)
+        scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    assert 'fleetshift_gateway_errors_total{cause="model_not_found"} 1.0' in scraped
+    assert 'fleetshift_gateway_errors_total{cause="unavailable"} 1.0' in scraped
+    assert 'requests_total{endpoint="/v1/completions",status="503"} 1.0' in scraped
