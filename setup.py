@@ -8,7 +8,7 @@ mapping is computed here.
 
 from setuptools import find_packages, setup
 
-ROOTS = ["proto", "common", "daemon", "agent"]
+ROOTS = ["proto", "common", "daemon", "agent", "gateway"]
 
 package_dir: dict[str, str] = {}
 packages: list[str] = []

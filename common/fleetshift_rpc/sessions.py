@@ -11,7 +11,8 @@ fleet's router (or any client library) does; tests use it to prove no token is l
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 
 import grpc
 
@@ -23,6 +24,9 @@ from fleetshift.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
+
+# Opens (or lends) a channel to a worker endpoint; the default opens a fresh one per stream.
+ChannelFor = Callable[[str], AbstractAsyncContextManager[grpc.aio.Channel]]
 
 RELOCATABLE = (grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
 
@@ -38,13 +42,18 @@ async def follow_session(
     *,
     relocate_timeout_s: float = 120.0,
     max_message_bytes: int = 64 << 20,
+    channel_for: ChannelFor | None = None,
 ) -> AsyncIterator[worker_pb2.GenerateResponse]:
-    """Yield the session's tokens in order, re-attaching after each move, until it finishes."""
+    """Yield the session's tokens in order, re-attaching after each move, until it finishes.
+
+    ``channel_for`` lets a long-lived caller (the HTTP gateway) reuse one channel per worker
+    instead of connecting afresh for every stream."""
     locator = operations_pb2_grpc.OperationsStub(daemon)
     session_id, received, first = request.session_id, 0, True
     loop = asyncio.get_running_loop()
     lost_since: float | None = None  # a session that stays unreachable this long is lost
     options = [("grpc.max_receive_message_length", max_message_bytes)]
+    connect = channel_for or (lambda ep: grpc.aio.insecure_channel(ep, options=options))
     while True:
         call_request = (
             request
@@ -54,7 +63,7 @@ async def follow_session(
             )
         )
         try:
-            async with grpc.aio.insecure_channel(endpoint, options=options) as ch:
+            async with connect(endpoint) as ch:
                 async for msg in worker_pb2_grpc.WorkerServiceStub(ch).Generate(call_request):
                     first = False
                     session_id = msg.session_id
@@ -90,6 +99,7 @@ async def routed_session(
     reroute_timeout_s: float = 30.0,
     relocate_timeout_s: float = 120.0,
     max_message_bytes: int = 64 << 20,
+    channel_for: ChannelFor | None = None,
 ) -> AsyncIterator[worker_pb2.GenerateResponse]:
     """A new session on the worker the daemon routes it to, followed across moves.
 
@@ -118,6 +128,7 @@ async def routed_session(
                 request,
                 relocate_timeout_s=relocate_timeout_s,
                 max_message_bytes=max_message_bytes,
+                channel_for=channel_for,
             ):
                 started = True
                 yield msg

@@ -14,6 +14,7 @@ import torch
 
 from fleetshift_agent.engine.config import ModelConfig
 from fleetshift_agent.engine.model import LlamaModel
+from fleetshift_agent.engine.tokenizer_file import write_tokenizer
 from fleetshift_agent.engine.weights import save_model_dir, torch_dtype
 
 PRESETS: dict[str, ModelConfig] = {
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = random_model(PRESETS[args.preset], args.seed)
     paths = save_model_dir(model, args.out, shard_bytes=args.shard_mb << 20)
+    paths.append(write_tokenizer(args.out, PRESETS[args.preset].vocab_size, args.seed))
     total = sum(p.stat().st_size for p in paths)
     print(f"wrote {args.out} ({len(paths)} file(s), {total / 1e6:.1f} MB)")
     return 0

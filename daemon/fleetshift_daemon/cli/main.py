@@ -234,6 +234,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("nodes", help="list the fleet's nodes").set_defaults(run=cmd_nodes)
     sub.add_parser("certs", help="issue a CA and certificates: fleetshift certs --help")
+    sub.add_parser("gateway", help="serve the OpenAI API: fleetshift gateway --help")
     sub.add_parser(
         "simulate", help="replay a trace on a simulated fleet: fleetshift simulate --help"
     )
@@ -308,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         from fleetshift_daemon.cli.profile import main as profile
 
         return profile(argv[1:])
+    if argv[:1] == ["gateway"]:  # fleetshift gateway --daemon ADDR --model NAME=DIR ...
+        from fleetshift_gateway.main import main as gateway
+
+        return gateway(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return int(args.run(args))

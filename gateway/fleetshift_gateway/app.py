@@ -1,0 +1,273 @@
+"""The OpenAI-compatible HTTP surface (Starlette): completions, chat, models, health.
+
+It holds no state of its own beyond a gRPC channel to the daemon and the models' tokenizers,
+so any number of gateways can run side by side. A request is checked in full before Route is
+called; the first token is awaited before the response starts, so a refusal up to then gets
+its own HTTP status, and a failure after it ends the stream with an error event.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from starlette.applications import Starlette
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from fleetshift.v1 import worker_pb2
+from fleetshift_gateway import requests as parse
+from fleetshift_gateway.errors import ApiError, bad_request, from_rpc
+from fleetshift_gateway.metrics import GatewayMetrics
+from fleetshift_gateway.tokenizer import ModelTokenizer
+from fleetshift_gateway.upstream import WorkerChannels, serve
+from fleetshift_rpc.sessions import SessionLost
+
+log = logging.getLogger("fleetshift.gateway")
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+
+
+@dataclass
+class Gateway:
+    daemon: grpc.aio.Channel
+    models: dict[str, ModelTokenizer]
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    channels: WorkerChannels = field(default_factory=WorkerChannels)
+    token: str = ""  # non-empty: every /v1 request must carry "Authorization: Bearer <token>"
+
+
+@dataclass
+class _Call:
+    """One request's identity and clock, for its response, its logs and its metrics."""
+
+    kind: str  # "completion" or "chat"
+    request_id: str
+    started: float
+    created: int
+
+    @classmethod
+    def new(cls, kind: str) -> _Call:
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        return cls(kind, f"{prefix}-{uuid.uuid4().hex}", time.monotonic(), int(time.time()))
+
+
+def build_app(gw: Gateway) -> Starlette:
+    async def completions(request: Request) -> Response:
+        return await _generate(gw, request, _Call.new("completion"), parse.completion)
+
+    async def chat(request: Request) -> Response:
+        return await _generate(gw, request, _Call.new("chat"), parse.chat)
+
+    async def models(request: Request) -> Response:
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "fleetshift"}
+            for name in sorted(gw.models)
+        ]
+        gw.metrics.requests.labels("/v1/models", "200").inc()
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "models": sorted(gw.models)})
+
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+        ]
+    )
+    if gw.token:
+        app.add_middleware(BaseHTTPMiddleware, dispatch=_bearer(gw))
+    return app
+
+
+def _bearer(gw: Gateway) -> Callable[[Request, Any], Awaitable[Response]]:
+    """Like the daemon's operator port: a bearer token, compared in constant time. /health
+    stays open for load balancers."""
+    expected = f"Bearer {gw.token}".encode()
+
+    async def check(request: Request, call_next: Any) -> Response:
+        given = request.headers.get("authorization", "").encode()
+        if request.url.path == "/health" or hmac.compare_digest(given, expected):
+            response: Response = await call_next(request)
+            return response
+        err = ApiError(401, "a valid bearer token is required", code="invalid_api_key")
+        return _refuse(gw, request.url.path, _Call.new("auth"), err)
+
+    return check
+
+
+Parser = Callable[[dict[str, Any], dict[str, ModelTokenizer]], parse.Generation]
+
+
+async def _generate(gw: Gateway, request: Request, call: _Call, parser: Parser) -> Response:
+    endpoint = request.url.path
+    try:
+        raw = await _read_body(request, gw.max_body_bytes)
+        gen = parser(parse.parse_body(raw, request.headers.get("content-type", "")), gw.models)
+        stream = _tokens(gw, gen, call)
+        first = await anext(stream)  # a refusal before the first token keeps its own status
+    except ApiError as err:
+        return _refuse(gw, endpoint, call, err)
+    gw.metrics.ttft.labels(gen.model.name).observe(time.monotonic() - call.started)
+    headers = {"x-request-id": call.request_id}
+    gw.metrics.requests.labels(endpoint, "200").inc()
+    log.info("%s %s model=%s prompt=%d", call.request_id, endpoint, gen.model.name, len(gen.prompt))
+    if gen.stream:
+        body = _sse(gw, gen, call, first, stream)
+        return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+    try:
+        return JSONResponse(await _whole(gw, gen, call, first, stream), headers=headers)
+    except ApiError as err:  # nothing sent yet: the failure keeps its own status
+        return _refuse(gw, endpoint, call, err)
+
+
+def _refuse(gw: Gateway, endpoint: str, call: _Call, err: ApiError) -> Response:
+    gw.metrics.requests.labels(endpoint, str(err.status)).inc()
+    gw.metrics.errors.labels(err.cause).inc()
+    log.info(
+        "%s %s refused %d %s: %s", call.request_id, endpoint, err.status, err.param, err.message
+    )
+    headers = {"x-request-id": call.request_id, **err.headers}
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> ApiError:
+    return bad_request("body", f"the body is {size} bytes, over the limit of {limit}", "too_large")
+
+
+async def _tokens(
+    gw: Gateway, gen: parse.Generation, call: _Call
+) -> AsyncIterator[worker_pb2.GenerateResponse]:
+    """The session's tokens; every upstream failure becomes an ApiError."""
+    try:
+        async for msg in serve(gw.daemon, gw.channels, gen, f"gw-{call.request_id}"):
+            yield msg
+    except grpc.aio.AioRpcError as err:
+        raise from_rpc(err, gen.model.name) from err
+    except SessionLost as err:
+        raise ApiError(503, f"the session was lost: {err}", code="session_lost") from err
+
+
+@dataclass
+class _Piece:
+    text: str
+    finish_reason: str | None
+
+
+async def _pieces(
+    gw: Gateway,
+    gen: parse.Generation,
+    first: worker_pb2.GenerateResponse,
+    rest: AsyncIterator[worker_pb2.GenerateResponse],
+) -> AsyncIterator[_Piece]:
+    """One text delta per generated token (empty while a UTF-8 character is incomplete)."""
+    decoder, model = gen.model.stream_decoder(), gen.model.name
+    msg, last = first, time.monotonic()
+    while True:
+        text = decoder.push(msg.token)
+        gw.metrics.tokens.labels(model).inc()
+        if msg.finished:
+            yield _Piece(text + decoder.flush(), msg.finish_reason or "length")
+            return
+        yield _Piece(text, None)
+        msg = await anext(rest)
+        now = time.monotonic()
+        gw.metrics.tbt.labels(model).observe(now - last)
+        last = now
+
+
+async def _whole(
+    gw: Gateway,
+    gen: parse.Generation,
+    call: _Call,
+    first: worker_pb2.GenerateResponse,
+    rest: AsyncIterator[worker_pb2.GenerateResponse],
+) -> dict[str, Any]:
+    texts, finish, count = [], "length", 0
+    async for piece in _pieces(gw, gen, first, rest):
+        texts.append(piece.text)
+        count += 1
+        finish = piece.finish_reason or finish
+    text = "".join(texts)
+    if call.kind == "chat":
+        choice: dict[str, Any] = {"message": {"role": "assistant", "content": text}}
+        obj = "chat.completion"
+    else:
+        choice, obj = {"text": text, "logprobs": None}, "text_completion"
+    return {
+        **_head(gen, call, obj),
+        "choices": [{"index": 0, **choice, "finish_reason": finish}],
+        "usage": _usage(gen, count),
+    }
+
+
+async def _sse(
+    gw: Gateway, gen: parse.Generation, call: _Call, first: worker_pb2.GenerateResponse, rest: Any
+) -> AsyncIterator[bytes]:
+    chat = call.kind == "chat"
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    head, count = _head(gen, call, obj), 0
+    if chat:
+        yield _event({**head, "choices": [_delta(chat, {"role": "assistant", "content": ""})]})
+    try:
+        async for piece in _pieces(gw, gen, first, rest):
+            count += 1
+            choice = _delta(chat, {"content": piece.text} if chat else piece.text)
+            choice["finish_reason"] = piece.finish_reason
+            yield _event({**head, "choices": [choice]})
+    except ApiError as err:  # after the first token the status is sent: say it in the stream
+        gw.metrics.errors.labels(err.cause).inc()
+        log.warning("%s stream failed after %d tokens: %s", call.request_id, count, err.message)
+        yield _event(err.body())
+        return
+    if gen.include_usage:
+        yield _event({**head, "choices": [], "usage": _usage(gen, count)})
+    yield b"data: [DONE]\n\n"
+
+
+def _delta(chat: bool, delta: Any) -> dict[str, Any]:
+    if chat:
+        return {"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}
+    return {"index": 0, "text": delta, "finish_reason": None, "logprobs": None}
+
+
+def _head(gen: parse.Generation, call: _Call, obj: str) -> dict[str, Any]:
+    return {"id": call.request_id, "object": obj, "created": call.created, "model": gen.model.name}
+
+
+def _usage(gen: parse.Generation, completion_tokens: int) -> dict[str, int]:
+    prompt = len(gen.prompt)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt + completion_tokens,
+    }
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"

@@ -1,0 +1,101 @@
+"""``fleetshift gateway``: serve the OpenAI API in front of a FleetShift daemon.
+
+Each ``--model NAME=DIR`` names a model the daemon serves and the directory holding its
+``tokenizer.json`` and ``config.json``; ``--daemon-config`` reads them from the daemon's own
+TOML instead (every ``[[models]]`` entry with a ``model_dir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+from pathlib import Path
+
+import grpc
+import uvicorn
+from prometheus_client import start_http_server
+
+from fleetshift_common.config import daemon_config
+from fleetshift_common.logs import setup_logging
+from fleetshift_gateway.app import DEFAULT_MAX_BODY_BYTES, Gateway, build_app
+from fleetshift_gateway.metrics import GatewayMetrics
+from fleetshift_gateway.tokenizer import ModelTokenizer
+
+log = logging.getLogger("fleetshift.gateway")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fleetshift gateway", description=__doc__)
+    env = os.environ.get
+    p.add_argument("--daemon", default=env("FLEETSHIFT_DAEMON", "127.0.0.1:50051"))
+    p.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT (port 0: any free one)")
+    p.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: none)")
+    p.add_argument("--model", action="append", default=[], metavar="NAME=DIR")
+    p.add_argument("--daemon-config", type=Path, help="read models and model_dir from it")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    p.add_argument("--token-file", type=Path, help="require this bearer token on /v1 requests")
+    p.add_argument("--tls-cert", default="", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-key", default="", help="and its private key")
+    return p
+
+
+def load_models(args: argparse.Namespace) -> dict[str, ModelTokenizer]:
+    dirs: dict[str, Path] = {}
+    if args.daemon_config:
+        for model in daemon_config(args.daemon_config, {}).models:
+            if model.model_dir:
+                dirs[model.name] = Path(model.model_dir)
+    for spec in args.model:
+        name, sep, folder = spec.partition("=")
+        if not sep or not name or not folder:
+            raise SystemExit(f"--model wants NAME=DIR, got {spec!r}")
+        dirs[name] = Path(folder)
+    if not dirs:
+        raise SystemExit("no model to serve: give --model NAME=DIR or --daemon-config")
+    return {name: ModelTokenizer.load(name, folder) for name, folder in dirs.items()}
+
+
+async def run(args: argparse.Namespace) -> None:
+    models = load_models(args)
+    host, _, port = args.listen.rpartition(":")
+    host = host.strip("[]")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, int(port)))
+    sock.listen(1024)  # connections queue from here on, before uvicorn takes the socket
+    metrics = GatewayMetrics()
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=host, registry=metrics.registry)
+    async with grpc.aio.insecure_channel(args.daemon) as daemon:
+        token = args.token_file.read_text().strip() if args.token_file else ""
+        gw = Gateway(daemon, models, args.max_body_bytes, metrics, token=token)
+        config = uvicorn.Config(
+            build_app(gw),
+            log_level="warning",
+            access_log=False,
+            ssl_certfile=args.tls_cert or None,
+            ssl_keyfile=args.tls_key or None,
+        )
+        bound = sock.getsockname()[1]
+        log.info("gateway on %s:%d for %s, daemon %s", host, bound, sorted(models), args.daemon)
+        if args.port_file:
+            args.port_file.write_text(f"{bound}\n")
+        try:
+            await uvicorn.Server(config).serve(sockets=[sock])
+        finally:
+            await gw.channels.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    setup_logging()
+    asyncio.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,44 @@
+"""The gateway's Prometheus series, on their own registry and port."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "fleetshift_gateway_requests",
+            "HTTP requests answered, by endpoint and status",
+            ["endpoint", "status"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "fleetshift_gateway_errors",
+            "refused or failed requests, by cause (the OpenAI error code)",
+            ["cause"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "fleetshift_gateway_ttft_seconds",
+            "request arrival to its first token leaving the gateway",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tbt = Histogram(
+            "fleetshift_gateway_tbt_seconds",
+            "time between consecutive tokens of one stream",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "fleetshift_gateway_output_tokens",
+            "generated tokens sent to clients",
+            ["model"],
+            registry=self.registry,
+        )
