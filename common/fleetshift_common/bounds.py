@@ -224,6 +224,13 @@ MAX_REPEATED: Mapping[str, int] = types.MappingProxyType(
     }
 )
 
-# String fields that may be longer than MAX_TEXT_CHARS (none yet; bytes fields are bounded by
-# the message size limit alone).
-MAX_TEXT: Mapping[str, int] = types.MappingProxyType({})
+MAX_PROFILE_CHARS = 16 << 20  # a profile CSV (one row per measurement) or a config.json
+
+# String fields that may be longer than MAX_TEXT_CHARS (bytes fields are bounded by the message
+# size limit alone): an uploaded profile and its model's config are documents, not names.
+MAX_TEXT: Mapping[str, int] = types.MappingProxyType(
+    {
+        _V + "UploadCalibrationRequest.profile_csv": MAX_PROFILE_CHARS,
+        _V + "UploadCalibrationRequest.model_config_json": MAX_PROFILE_CHARS,
+    }
+)

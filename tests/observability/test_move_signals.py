@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from fleetshift_common.vocabulary import StepPhase
 from fleetshift_daemon.core.operations import (
     OperationKind,
     OperationLog,
@@ -48,9 +49,11 @@ def run_phases(
     for phase, seconds in phases:
         clock.advance(seconds)
         pause = {"max_session_pause_ms": 250.0} if phase == "sessions_copied" else {}
-        ops.update_step(op.id, 0, phase=phase, **pause)
-    ops.update_step(op.id, 0, phase="done", state=StepState.DONE)
-    ops.update_step(op.id, 0, phase="done")  # a later save of the finished step changes nothing
+        ops.update_step(op.id, 0, phase=StepPhase(phase), **pause)
+    ops.update_step(op.id, 0, phase=StepPhase.DONE, state=StepState.DONE)
+    ops.update_step(
+        op.id, 0, phase=StepPhase.DONE
+    )  # a later save of the finished step changes nothing
 
 
 WARM = [
@@ -98,11 +101,11 @@ def test_a_phase_begun_before_a_restart_is_not_timed(log: OperationLog) -> None:
     op, _ = log.create(
         OperationKind.MOVE_WORKER, "test", "", (Step(0, StepKind.MIGRATE, "w-1", "h100-b"),)
     )
-    log.update_step(op.id, 0, state=StepState.RUNNING, phase="target_reserved")
+    log.update_step(op.id, 0, state=StepState.RUNNING, phase=StepPhase.TARGET_RESERVED)
     log.on_change(signals)  # the new process starts listening here
     for phase in ("snapshot_taken", "snapshot_fetched", "target_started"):
         clock.advance(1.0)
-        log.update_step(op.id, 0, phase=phase)
+        log.update_step(op.id, 0, phase=StepPhase(phase))
     r = metrics.registry
     assert sample(r, "fleetshift_snapshot_duration_seconds_count", phase="write") == 0
     assert sample(r, "fleetshift_snapshot_duration_seconds_count", phase="transfer") == 1
