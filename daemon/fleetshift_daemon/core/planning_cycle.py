@@ -344,7 +344,8 @@ class PlanningCycle:
         boosted = replace(inp, demand=demand)
         more = self._planner.solve(boosted, current)
         capacity = build_plan(self._planner, self._perf, boosted, current, more, self._costs)
-        return _only(capacity, lambda m: _adds(m, short))
+        starts = replace(capacity, moves=tuple(_kept_source(m) for m in capacity.moves))
+        return _only(starts, lambda m: _adds(m, short))
 
 
 _SERVES = {
@@ -362,6 +363,27 @@ def _adds(m: Move, short: set[Phase]) -> bool:
         return False
     before, after = _SERVES[m.source.role] & short, _SERVES[m.target.role] & short
     return before <= after and bool(after - before)
+
+
+def _kept_source(m: Move) -> Move:
+    """A move of a worker becomes a start of a new one where the move would have gone.
+
+    The best placement for the boosted demand may prefer another GPU kind for a worker that
+    already serves (a cheaper kind, once enough of them are needed); while the SLO is at risk
+    nothing serving is taken away, so the source keeps serving and the destination is added."""
+    if m.kind not in (MoveKind.COLD_START, MoveKind.MIGRATE) or m.target is None:
+        return m
+    target = replace(m.target, worker_id=None, live_sessions=0, kv_used_tokens=0)
+    return replace(
+        m,
+        kind=MoveKind.START,
+        source=None,
+        target=target,
+        expected_pause_s=0.0,
+        sessions_affected=0,
+        reason=f"start {target.role.value} {target.gpu_kind} x{target.tp} on {target.node} "
+        f"(capacity back; {m.source.node if m.source else 'the source'} keeps serving)",
+    )
 
 
 def _stopped(current: Placement, plan: Plan) -> Placement:
