@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetshift_daemon.core.gpus import default_catalogue
+from fleetshift_daemon.core.perfmodel import CONTEXT_WINDOWS, PRESETS
 from fleetshift_daemon.sim.capacity import (
     Design,
     Search,
@@ -46,7 +47,7 @@ from fleetshift_daemon.sim.capacity import (
     search_dynamic,
     short,
 )
-from fleetshift_daemon.sim.fleet import CONTEXT_WINDOWS, PRESETS, SloRule
+from fleetshift_daemon.sim.fleet import SloRule
 from fleetshift_daemon.sim.trace import Trace, fit_context, load_trace
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"

@@ -8,23 +8,17 @@ holds it) or from a named preset, so the performance model works for any model o
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fleetshift_common.bounds import MAX_CONTEXT_TOKENS
 from fleetshift_common.config import ConfigError, DaemonConfig, ModelConfig
 from fleetshift_daemon.core.errors import InvalidModelArch
 from fleetshift_daemon.core.gpus import GpuCatalogue, default_catalogue
-from fleetshift_daemon.core.perfmodel import Dtype, ModelArch, llama2_70b, llama31_70b
+from fleetshift_daemon.core.perfmodel import CONTEXT_WINDOWS, PRESETS, Dtype, ModelArch
 from fleetshift_daemon.core.placement import ServedModel
 from fleetshift_daemon.core.planner import SloTarget
 
-PRESETS: dict[str, Callable[[], ModelArch]] = {
-    "llama2-70b": llama2_70b,
-    "llama31-70b": llama31_70b,
-}
-# each preset's max_position_embeddings
-PRESET_CONTEXT_TOKENS: dict[str, int] = {"llama2-70b": 4096, "llama31-70b": 131_072}
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
@@ -38,15 +32,7 @@ def model_arch(model: ModelConfig) -> ModelArch:
             )
         arch = PRESETS[model.preset]()
         return ModelArch(**{**arch.__dict__, "name": model.name})
-    path = Path(model.hf_config)
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(
-            f"model {model.name!r}: cannot read hf_config {path}: {err}", field="models.hf_config"
-        ) from None
+    path, raw = _hf_config(model)
     try:
         return ModelArch.from_hf_config(model.name, raw)
     except InvalidModelArch as err:
@@ -58,17 +44,26 @@ def model_arch(model: ModelConfig) -> ModelArch:
         ) from None
 
 
-def context_tokens(model: ModelConfig) -> int:
-    """The model's context length as its config states it (Route's bound on a request's
-    length); the API's static bound when the config names none."""
-    if model.preset:
-        return PRESET_CONTEXT_TOKENS.get(model.preset, MAX_CONTEXT_TOKENS)
+def _hf_config(model: ModelConfig) -> tuple[Path, Any]:
     path = Path(model.hf_config)
-    path = path / "config.json" if path.is_dir() else path
+    if path.is_dir():
+        path = path / "config.json"
     try:
         raw = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return MAX_CONTEXT_TOKENS  # model_arch has already named the unreadable file
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"model {model.name!r}: cannot read hf_config {path}: {err}", field="models.hf_config"
+        ) from None
+    return path, raw
+
+
+def context_tokens(model: ModelConfig) -> int:
+    """The model's context length as its config states it (Route's bound on a request's
+    length); the API's static bound when the config names none. Called after ``model_arch``
+    accepted the model, so its preset is known and its config readable."""
+    if model.preset:
+        return CONTEXT_WINDOWS.get(model.preset, MAX_CONTEXT_TOKENS)
+    _, raw = _hf_config(model)
     for key in CONTEXT_KEYS:
         value = raw.get(key) if isinstance(raw, dict) else None
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:

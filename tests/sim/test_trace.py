@@ -9,9 +9,16 @@ import pytest
 
 from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.core.gpus import default_catalogue
-from fleetshift_daemon.core.perfmodel import Deployment, PerfModel, llama2_70b, llama31_70b
+from fleetshift_daemon.core.perfmodel import (
+    CONTEXT_WINDOWS,
+    PRESETS,
+    Deployment,
+    PerfModel,
+    llama2_70b,
+    llama31_70b,
+)
 from fleetshift_daemon.models import PRESETS as DAEMON_PRESETS
-from fleetshift_daemon.sim.fleet import CONTEXT_WINDOWS, PRESETS, standard_fleet
+from fleetshift_daemon.sim.fleet import standard_fleet
 from fleetshift_daemon.sim.trace import (
     Phase,
     Shape,

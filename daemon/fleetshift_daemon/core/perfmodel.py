@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fleetshift_common.errors import InvalidArgument
@@ -98,7 +98,7 @@ def llama31_70b() -> ModelArch:
     28672 MLP) with a 128,256-token vocabulary. Its config's other values (a 131,072-token
     window, ``max_position_embeddings``; rope theta 500,000 with llama3 scaling factor 8; RMS
     norm eps 1e-5; untied embeddings) change no step time here: the window is enforced on the
-    trace (``sim.fleet.CONTEXT_WINDOWS``), rope and norm cost nothing the model counts."""
+    trace (``CONTEXT_WINDOWS`` below), rope and norm cost nothing the model counts."""
     return ModelArch(
         name="llama31-70b",
         n_layers=80,
@@ -109,6 +109,13 @@ def llama31_70b() -> ModelArch:
         vocab=128256,
         head_dim=128,
     )
+
+
+# The named presets a daemon's model config (``preset = "…"``) and the simulator's fleets take,
+# and each one's context window (its config's max_position_embeddings): ModelArch carries no
+# window, so the daemon bounds Route's lengths and the simulator refuses longer requests by it.
+PRESETS: dict[str, Callable[[], ModelArch]] = {"llama2-70b": llama2_70b, "llama31-70b": llama31_70b}
+CONTEXT_WINDOWS: dict[str, int] = {"llama2-70b": 4096, "llama31-70b": 131_072}
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetshift_daemon.core.gpus import default_catalogue
-from fleetshift_daemon.core.perfmodel import Deployment, Dtype, PerfModel
+from fleetshift_daemon.core.perfmodel import PRESETS, Deployment, Dtype, PerfModel
 from fleetshift_daemon.sim.engine import Policy, SimConfig, Simulator
-from fleetshift_daemon.sim.fleet import PRESETS, NodeGroup, SimFleet, SloRule
+from fleetshift_daemon.sim.fleet import NodeGroup, SimFleet, SloRule
 from fleetshift_daemon.sim.metrics import billed_dollars, summarize
 from fleetshift_daemon.sim.policies import FixedSplit, LeastLoaded
 from fleetshift_daemon.sim.runner import RunOptions, make_policy

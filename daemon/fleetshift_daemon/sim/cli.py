@@ -29,8 +29,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from fleetshift_common.errors import FleetShiftError, InvalidArgument
+from fleetshift_daemon.core.perfmodel import PRESETS
 from fleetshift_daemon.sim.engine import SimConfig
-from fleetshift_daemon.sim.fleet import PRESETS, SimFleet, load_fleet, standard_fleet
+from fleetshift_daemon.sim.fleet import SimFleet, load_fleet, standard_fleet
 from fleetshift_daemon.sim.report import print_table, require_matplotlib, write_outputs
 from fleetshift_daemon.sim.runner import RunOptions, policy_names, run_policies
 from fleetshift_daemon.sim.synthetic import ARRIVAL_PROCESSES, service_shift, with_arrivals

@@ -39,18 +39,13 @@ from typing import Any
 from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.core.gpus import GpuCatalogue, GpuKind, default_catalogue
 from fleetshift_daemon.core.perfmodel import (
+    CONTEXT_WINDOWS,
+    PRESETS,
     Deployment,
     Dtype,
     ModelArch,
     PerfModel,
-    llama2_70b,
-    llama31_70b,
 )
-
-PRESETS = {"llama2-70b": llama2_70b, "llama31-70b": llama31_70b}
-# The presets' context windows (their configs' max_position_embeddings). ModelArch carries no
-# window, so the simulator keeps it beside the fleet and refuses longer requests up front.
-CONTEXT_WINDOWS = {"llama2-70b": 4096, "llama31-70b": 131072}
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetshift_common.errors import InvalidArgument
-from fleetshift_daemon.sim.fleet import CONTEXT_WINDOWS
+from fleetshift_daemon.core.perfmodel import CONTEXT_WINDOWS
 from fleetshift_daemon.sim.synthetic import service_shift, with_arrivals
 from fleetshift_daemon.sim.trace import Trace, fit_context, load_trace
 
