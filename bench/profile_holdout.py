@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from fleetshift_common.errors import FleetShiftError
 from fleetshift_daemon.cli.calibration import Profile, calibrate, read_profile
-from fleetshift_daemon.core.calibration import FitError, at_bounds
+from fleetshift_daemon.core.calibration import FitError
 
 
 def lines(label: str, column: str, errors: Sequence[FitError]) -> list[str]:
@@ -37,7 +37,7 @@ def direction(fit_on: Profile, check: Profile) -> list[str]:
     for kind, source in rep.fitted.items():
         kf = rep.factors.for_kind(kind)
         values = ", ".join(f"{k}={v:.4g}" for k, v in kf.to_dict().items())
-        pinned = ", ".join(at_bounds(kf)) or "none"
+        pinned = ", ".join(rep.pinned(kind)) or "none"
         out.append(f"<!-- {a} → {b}: {kind} ({source}; at a bound: {pinned}): {values} -->")
     return out
 

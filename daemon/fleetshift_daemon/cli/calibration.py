@@ -33,6 +33,7 @@ from fleetshift_daemon.core.calibration import (
     Row,
     at_bounds,
     fit_rows,
+    fitted_names,
     signed_errors,
     summarize,
 )
@@ -122,6 +123,13 @@ class Report:
     hardware: dict[str, str]  # kind -> the hardware name the check file used
     set_aside: list[Measurement]
     in_sample: list[FitError]  # the same factors on the rows they were fitted on (tuning)
+    moved: dict[str, tuple[str, ...]]  # fitted kind -> the factors its rows could move
+
+    def pinned(self, kind: str) -> list[str]:
+        """Fitted factors of ``kind`` that ended on a physical bound (none for shipped ones)."""
+        if kind not in self.moved:
+            return []
+        return at_bounds(self.factors.for_kind(kind), self.moved[kind])
 
 
 def calibrate(fits: Sequence[Profile], check: Profile) -> Report:
@@ -138,7 +146,11 @@ def calibrate(fits: Sequence[Profile], check: Profile) -> Report:
     in_sample = summarize(signed_errors(model, tuning)) if tuning else []
     kinds = {m.kind.name: m.hardware for m in check.rows}
     source = {k: "fit" if k in fitted else f"shipped:{shipped.source_of(k)}" for k in kinds}
-    return Report(factors, source, errors, kinds, aside, in_sample)
+    moved = {
+        k: fitted_names([r for r in tuning if r.m.kind.name == k])
+        for k in {r.m.kind.name for r in tuning}
+    }
+    return Report(factors, source, errors, kinds, aside, in_sample, moved)
 
 
 def report_json(fits: Sequence[Profile], check: Profile, rep: Report) -> dict[str, Any]:
@@ -210,7 +222,7 @@ def render(console: Console, fits: Sequence[Profile], check: Profile, rep: Repor
     for kind, source in rep.fitted.items():
         kf = rep.factors.for_kind(kind)
         values = ", ".join(f"{k}={v:.4g}" for k, v in kf.to_dict().items())
-        pinned = at_bounds(kf) if source == "fit" else []
+        pinned = rep.pinned(kind)
         note = f"; at a bound: {', '.join(pinned)}" if pinned else ""
         console.print(f"{kind} factors ({source}{note}): {values}")
     for m in rep.set_aside:
