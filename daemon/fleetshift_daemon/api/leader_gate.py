@@ -24,11 +24,11 @@ import grpc
 
 from fleetshift_daemon.core.leadership import Leadership
 from fleetshift_rpc.auth import Access, AuthPolicy
+from fleetshift_rpc.replicas import LEADER_KEY
 
 log = logging.getLogger("fleetshift.daemon.replicas")
 
-LEADER_KEY = "fleetshift-leader"
-FORWARD_TIMEOUT_S = 60.0
+FORWARD_TIMEOUT_S = 600.0  # when the caller set no deadline (a worker start can take minutes)
 _DROPPED = (":", "grpc-", "content-type", "user-agent", "te")
 
 
@@ -95,9 +95,8 @@ class LeaderGate(grpc.aio.ServerInterceptor):
             try:
                 reply: bytes = await call(request, metadata=metadata, timeout=timeout)
             except grpc.aio.AioRpcError as err:
-                await context.abort(
-                    err.code(), err.details() or "", trailing_metadata=err.trailing_metadata()
-                )
+                trailing = tuple((m[0], m[1]) for m in err.trailing_metadata() or ())
+                await context.abort(err.code(), err.details() or "", trailing_metadata=trailing)
             self.forwarded += 1
             return reply
 
