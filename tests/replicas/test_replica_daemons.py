@@ -9,6 +9,8 @@ which its writes are refused.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -148,3 +150,22 @@ async def test_a_leader_that_cannot_renew_stops_before_its_lease_expires(
         timeout_s=REPLICAS.lease_ttl_s + 2,
     )
     assert leader.replica_loop.times.deposed_at is not None
+
+
+async def test_the_cli_given_every_replica_changes_the_fleet_and_reads_it(
+    pair: tuple[Daemon, Daemon],
+) -> None:
+    """``fleetshift --daemon a,b``: a cordon reaches the leader whichever replica it hits."""
+    leader, follower = pair
+    for daemon in pair:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.port}") as ch:
+            await pb_grpc.AgentRegistryStub(ch).RegisterNode(registration("n2"), timeout=5)
+    both = f"127.0.0.1:{follower.port},127.0.0.1:{leader.port}"
+    cli = [sys.executable, "-m", "fleetshift_daemon.cli.main", "--daemon", both]
+    for command in (["cordon", "n2", "--reason", "disk"], ["nodes"]):
+        done = await asyncio.to_thread(
+            subprocess.run, [*cli, *command], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert "n2" in done.stdout and "cordoned" in done.stdout
+    assert leader.registry is not None and leader.registry.get("n2").cordon_reason == "disk"
