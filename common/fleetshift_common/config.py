@@ -227,7 +227,7 @@ class AgentConfig(ProcessKeys):
     node_name: str = dataclasses.field(default_factory=socket.gethostname)
     listen: str = "127.0.0.1:50052"
     advertise_address: str = ""  # what the daemon dials; empty: the bound listen address
-    daemon_address: str = "127.0.0.1:50051"
+    daemon_address: str = "127.0.0.1:50051"  # or every replica, comma-separated (docs/replicas.md)
     state_dir: str = "/var/lib/fleetshift-agent"
     inventory: str = "auto"  # auto: NVML if present else declared | nvml | declared
     gpus: tuple[DeclaredGpu, ...] = ()
