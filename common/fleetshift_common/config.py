@@ -41,6 +41,12 @@ def _check_address(name: str, value: str) -> None:
         raise ConfigError(f"config key '{name}' must be host:port, got {value!r}", field=name)
 
 
+def split_addresses(value: str) -> list[str]:
+    """``"a:1, b:2"`` -> ``["a:1", "b:2"]``: a daemon address may list every replica."""
+    addresses = [a.strip() for a in value.split(",") if a.strip()]
+    return addresses or [value]
+
+
 def _check_optional_addresses(config: object, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(config, name)
@@ -136,6 +142,28 @@ class PlannerSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReplicaSettings:
+    """Daemon replicas on one PostgreSQL database (docs/replicas.md); SQLite: one daemon."""
+
+    advertise_address: str = ""  # what other replicas forward to; empty: the bound listen address
+    lease_ttl_s: float = 5.0  # a leader's lease, on the database's clock
+    renew_interval_s: float = 1.0  # renewals (leader) and takeover attempts (followers)
+    renew_deadline_s: float = 3.5  # a leader that could not renew for this long stops acting
+    view_refresh_s: float = 0.5  # how often a follower re-reads the database into its view
+
+    def __post_init__(self) -> None:
+        if not 0 < self.renew_interval_s < self.renew_deadline_s < self.lease_ttl_s:
+            raise ConfigError(
+                "replicas: need 0 < renew_interval_s < renew_deadline_s < lease_ttl_s, got "
+                f"{self.renew_interval_s} / {self.renew_deadline_s} / {self.lease_ttl_s}",
+                field="replicas",
+            )
+        _check_positive("replicas.view_refresh_s", self.view_refresh_s)
+        if self.advertise_address:
+            _check_address("replicas.advertise_address", self.advertise_address)
+
+
+@dataclasses.dataclass(frozen=True)
 class ProcessKeys:
     """Keys every FleetShift process has: message limits, logging, security, metrics."""
 
@@ -174,6 +202,7 @@ class DaemonConfig(ProcessKeys):
     gpu_prices: tuple[GpuPrice, ...] = ()
     operator_listen: str = ""  # TLS-only port for operators with bearer tokens
     operator_tokens_file: str = ""
+    replicas: ReplicaSettings = ReplicaSettings()
 
     def __post_init__(self) -> None:
         _check_address("listen", self.listen)
@@ -198,7 +227,7 @@ class AgentConfig(ProcessKeys):
     node_name: str = dataclasses.field(default_factory=socket.gethostname)
     listen: str = "127.0.0.1:50052"
     advertise_address: str = ""  # what the daemon dials; empty: the bound listen address
-    daemon_address: str = "127.0.0.1:50051"
+    daemon_address: str = "127.0.0.1:50051"  # or every replica, comma-separated (docs/replicas.md)
     state_dir: str = "/var/lib/fleetshift-agent"
     inventory: str = "auto"  # auto: NVML if present else declared | nvml | declared
     gpus: tuple[DeclaredGpu, ...] = ()
@@ -219,7 +248,8 @@ class AgentConfig(ProcessKeys):
 
     def __post_init__(self) -> None:
         _check_address("listen", self.listen)
-        _check_address("daemon_address", self.daemon_address)
+        for address in split_addresses(self.daemon_address):  # several: daemon replicas
+            _check_address("daemon_address", address)
         self._check_process_keys()
         if self.advertise_address:
             _check_address("advertise_address", self.advertise_address)

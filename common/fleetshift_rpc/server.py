@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from fleetshift_rpc.replicas import aio_daemon_channel, is_replica_list
 from fleetshift_rpc.validation import RequestBounds
 
 
@@ -96,6 +97,8 @@ def channel(
     max_message_bytes: int,
     credentials: grpc.ChannelCredentials | None = None,
 ) -> grpc.aio.Channel:
+    if is_replica_list(address):  # several daemon replicas: one channel that fails over
+        return aio_daemon_channel(address, max_message_bytes, credentials)
     options = message_options(max_message_bytes)
     if credentials is None:
         return grpc.aio.insecure_channel(address, options=options)
