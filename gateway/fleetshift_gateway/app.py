@@ -120,7 +120,7 @@ async def _generate(gw: Gateway, request: Request, call: _Call, parser: Parser) 
         first = await anext(stream)  # a refusal before the first token keeps its own status
     except ApiError as err:
         return _refuse(gw, endpoint, call, err)
-    gw.metrics.ttft.labels(gen.model.name).observe(time.monotonic() - call.started)
+    gw.metrics.of_model(gen.model.name).ttft.observe(time.monotonic() - call.started)
     headers = {"x-request-id": call.request_id}
     gw.metrics.requests.labels(endpoint, "200").inc()
     log.info("%s %s model=%s prompt=%d", call.request_id, endpoint, gen.model.name, len(gen.prompt))
@@ -186,18 +186,18 @@ async def _pieces(
     rest: AsyncIterator[worker_pb2.GenerateResponse],
 ) -> AsyncIterator[_Piece]:
     """One text delta per generated token (empty while a UTF-8 character is incomplete)."""
-    decoder, model = gen.model.stream_decoder(), gen.model.name
+    decoder, series = gen.model.stream_decoder(), gw.metrics.of_model(gen.model.name)
     msg, last = first, time.monotonic()
     while True:
         text = decoder.push(msg.token)
-        gw.metrics.tokens.labels(model).inc()
+        series.tokens.inc()
         if msg.finished:
             yield _Piece(text + decoder.flush(), msg.finish_reason or "length")
             return
         yield _Piece(text, None)
         msg = await anext(rest)
         now = time.monotonic()
-        gw.metrics.tbt.labels(model).observe(now - last)
+        series.tbt.observe(now - last)
         last = now
 
 
@@ -232,11 +232,15 @@ async def _sse(
     chat = call.kind == "chat"
     obj = "chat.completion.chunk" if chat else "text_completion"
     head, count = _head(gen, call, obj), 0
+    frame = _Framer(head, chat)
     if chat:
         yield _event({**head, "choices": [_delta(chat, {"role": "assistant", "content": ""})]})
     try:
         async for piece in _pieces(gw, gen, first, rest):
             count += 1
+            if piece.finish_reason is None:
+                yield frame.text(piece.text)
+                continue
             choice = _delta(chat, {"content": piece.text} if chat else piece.text)
             choice["finish_reason"] = piece.finish_reason
             yield _event({**head, "choices": [choice]})
@@ -248,6 +252,22 @@ async def _sse(
     if gen.include_usage:
         yield _event({**head, "choices": [], "usage": _usage(gen, count)})
     yield b"data: [DONE]\n\n"
+
+
+class _Framer:
+    """A stream's token events, framed once: every event but the last differs only in its
+    text, so the JSON around it is rendered at the start and each token encodes just its
+    string (what ``_event`` would produce for the same chunk, byte for byte)."""
+
+    _MARK = "\x00text\x00"
+
+    def __init__(self, head: dict[str, Any], chat: bool) -> None:
+        choice = _delta(chat, {"content": self._MARK} if chat else self._MARK)
+        before, after = _event({**head, "choices": [choice]}).split(json.dumps(self._MARK).encode())
+        self._before, self._after = before, after
+
+    def text(self, text: str) -> bytes:
+        return self._before + json.dumps(text).encode() + self._after
 
 
 def _delta(chat: bool, delta: Any) -> dict[str, Any]:
