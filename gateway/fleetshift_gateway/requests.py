@@ -95,7 +95,7 @@ def _completion_prompt(prompt: object, model: ModelTokenizer) -> list[int]:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str) and prompt:
         return model.encode(prompt)
-    vocab = model.tokenizer.get_vocab_size()
+    vocab = model.vocab_size
     if (
         isinstance(prompt, list)
         and prompt
