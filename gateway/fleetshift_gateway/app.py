@@ -123,7 +123,6 @@ async def _generate(gw: Gateway, request: Request, call: _Call, parser: Parser) 
     gw.metrics.of_model(gen.model.name).ttft.observe(time.monotonic() - call.started)
     headers = {"x-request-id": call.request_id}
     gw.metrics.requests.labels(endpoint, "200").inc()
-    log.info("%s %s model=%s prompt=%d", call.request_id, endpoint, gen.model.name, len(gen.prompt))
     if gen.stream:
         body = _sse(gw, gen, call, first, stream)
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
@@ -213,6 +212,7 @@ async def _whole(
         texts.append(piece.text)
         count += 1
         finish = piece.finish_reason or finish
+    _log_served(call, gen, count, finish)
     text = "".join(texts)
     if call.kind == "chat":
         choice: dict[str, Any] = {"message": {"role": "assistant", "content": text}}
@@ -233,25 +233,45 @@ async def _sse(
     obj = "chat.completion.chunk" if chat else "text_completion"
     head, count = _head(gen, call, obj), 0
     frame = _Framer(head, chat)
-    if chat:
-        yield _event({**head, "choices": [_delta(chat, {"role": "assistant", "content": ""})]})
+    outcome = "client gone"  # the stream closed by the server when the client disconnects
     try:
+        if chat:
+            yield _event({**head, "choices": [_delta(chat, {"role": "assistant", "content": ""})]})
         async for piece in _pieces(gw, gen, first, rest):
             count += 1
             if piece.finish_reason is None:
                 yield frame.text(piece.text)
                 continue
+            outcome = piece.finish_reason
             choice = _delta(chat, {"content": piece.text} if chat else piece.text)
             choice["finish_reason"] = piece.finish_reason
             yield _event({**head, "choices": [choice]})
     except ApiError as err:  # after the first token the status is sent: say it in the stream
         gw.metrics.errors.labels(err.cause).inc()
         log.warning("%s stream failed after %d tokens: %s", call.request_id, count, err.message)
+        outcome = "failed"
         yield _event(err.body())
         return
+    finally:
+        _log_served(call, gen, count, outcome)
     if gen.include_usage:
         yield _event({**head, "choices": [], "usage": _usage(gen, count)})
     yield b"data: [DONE]\n\n"
+
+
+def _log_served(call: _Call, gen: parse.Generation, tokens: int, outcome: str) -> None:
+    """One line per answered request, written once its tokens are out: a formatted log write
+    on the way to the first token cost it ~0.5 ms in the gateway's profile."""
+    log.info(
+        "%s %s model=%s prompt=%d tokens=%d %s in %.0f ms",
+        call.request_id,
+        call.kind,
+        gen.model.name,
+        len(gen.prompt),
+        tokens,
+        outcome,
+        (time.monotonic() - call.started) * 1e3,
+    )
 
 
 class _Framer:
