@@ -73,7 +73,14 @@ class Membership:
         self.interval_s = 1.0  # the heartbeat interval the daemon asked for at registration
 
     async def run(self) -> None:
-        async with channel(self._address, self._max_message_bytes, self._credentials) as ch:
+        # The channel redials a restarted daemon within the agent's own backoff: gRPC's
+        # default (growing to 120 s) left agents unregistered past node_lost_after_s.
+        async with channel(
+            self._address,
+            self._max_message_bytes,
+            self._credentials,
+            reconnect_max_s=self._backoff.max_s,
+        ) as ch:
             stub = pb_grpc.AgentRegistryStub(ch)
             delays = self._backoff.delays()
             while True:
