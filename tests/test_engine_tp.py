@@ -228,12 +228,19 @@ def targets(plan: pb.Plan) -> list[pb.PlannedWorker]:
 
 
 async def test_the_planner_offers_tp_above_one_only_where_it_is_nominal(
-    fleet, clock: ManualClock
+    fleet, clock: ManualClock, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
     """Same demand, same models: on a declared inventory the plan uses TP > 1 (labelled
-    nominal); on real GPUs it plans the reference engine's TP 1 only."""
+    nominal, also in ``fleetshift plan``); on real GPUs it plans the engine's TP 1 only."""
+    from fleetshift_daemon.cli.main import main as cli
+
+    monkeypatch.setenv("COLUMNS", "220")
     async with fleet({"cpu-1": (DECLARED, [("w-small", SMALL, 1)])}) as daemon:
         declared = targets(await route_decode_heavy(daemon, clock, SMALL))
+        address = f"127.0.0.1:{daemon.port}"
+        assert await asyncio.to_thread(cli, ["--daemon", address, "plan"]) == 0
+    shown = capsys.readouterr().out
+    assert re.search(r"x[248]\*@cpu-1", shown) and "nominal" in shown, shown
     async with fleet({"gpu-1": (NVML, [("w-small", SMALL, 1)])}) as daemon:
         real = targets(await route_decode_heavy(daemon, clock, SMALL))
 
