@@ -95,7 +95,14 @@ class Membership:
                 self.registered.clear()
 
     async def _run_one(self, address: str) -> None:
-        async with channel(address, self._max_message_bytes, self._credentials) as ch:
+        # The channel redials a restarted daemon within the agent's own backoff: gRPC's
+        # default (growing to 120 s) left agents unregistered past node_lost_after_s.
+        async with channel(
+            address,
+            self._max_message_bytes,
+            self._credentials,
+            reconnect_max_s=self._backoff.max_s,
+        ) as ch:
             stub = pb_grpc.AgentRegistryStub(ch)
             delays = self._backoff.delays()
             while True:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fleetshift_common.engines import ENGINES, REFERENCE
 from fleetshift_common.errors import InvalidArgument
 
 
@@ -99,10 +100,19 @@ class ModelConfig:
     slo_ttft_ms: float = 2000.0
     slo_tbt_ms: float = 100.0
     model_dir: str = ""  # where agents load the weights from (the reference engine's directory)
+    # The engine that serves it (``fleetshift_common.engines``): it decides which tp_options
+    # are real on GPUs; the daemon refuses the others there and labels them on declared fleets.
+    engine: str = REFERENCE
 
     def __post_init__(self) -> None:
         if not self.name.strip():
             raise ConfigError("models.name must not be empty", field="models.name")
+        if self.engine not in ENGINES:
+            raise ConfigError(
+                f"model {self.name!r}: unknown engine {self.engine!r} "
+                f"(known: {', '.join(sorted(ENGINES))})",
+                field="models.engine",
+            )
         if bool(self.hf_config) == bool(self.preset):
             raise ConfigError(
                 f"model {self.name!r}: set exactly one of hf_config and preset",
