@@ -371,6 +371,26 @@ def client_credentials(
     return creds
 
 
+def parse_callers(
+    patterns: Iterable[str], key: str = "worker_session_callers"
+) -> frozenset[tuple[PrincipalKind, str]]:
+    """``["router:*", "operator:alice"]`` -> {(ROUTER, "*"), (OPERATOR, "alice")}: the
+    certificate identities an operator lets open sessions on a node's workers. A pattern of
+    an unknown kind, or without a name, stops the process at start with the key named."""
+    by_value = {k.value: k for k in CERTIFICATE_KINDS}
+    parsed: set[tuple[PrincipalKind, str]] = set()
+    for pattern in patterns:
+        kind, sep, name = pattern.partition(":")
+        if not sep or kind not in by_value or not name or "/" in name:
+            raise ConfigError(
+                f"config key '{key}': {pattern!r} must be '<kind>:<name>' or '<kind>:*' with "
+                f"kind one of {', '.join(by_value)}",
+                field=key,
+            )
+        parsed.add((by_value[kind], name))
+    return frozenset(parsed)
+
+
 def check_plaintext_allowed(listen: str, key: str = "listen") -> None:
     """Plaintext is for loopback development: refuse any other address, warn on loopback."""
     host = listen.rpartition(":")[0].strip("[]")
