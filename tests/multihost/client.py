@@ -32,9 +32,28 @@ from fleetshift.v1 import placement_pb2 as ppb
 from fleetshift.v1 import placement_pb2_grpc as ppb_grpc
 from fleetshift_rpc.security import client_credentials
 from fleetshift_rpc.sessions import follow_session
-from tests.e2e.conftest import SESSIONS, request
 
 Spec = dict[str, Any]
+# The sessions of tests/e2e (two greedy, two seeded), repeated here so that this process does
+# not import torch (tests/e2e/conftest does): on a loaded 2-core machine that costs tens of s.
+Session = tuple[str, list[int], float, int | None]
+SESSIONS: list[Session] = [
+    ("s-greedy-1", [11, 22, 33, 44], 0.0, None),
+    ("s-greedy-2", [5, 6, 7, 8, 9, 10], 0.0, None),
+    ("s-seeded-1", [100, 200, 300], 0.9, 1234),
+    ("s-seeded-2", [42] * 12, 1.2, 99),
+]
+
+
+def request(session: Session, tokens: int, suffix: str = "") -> worker_pb2.GenerateRequest:
+    sid, prompt, temperature, seed = session
+    sampling = worker_pb2.WorkerSampling(temperature=temperature)
+    if seed is not None:
+        sampling.seed = seed
+        sampling.top_p = 0.9
+    return worker_pb2.GenerateRequest(
+        prompt_tokens=prompt, max_new_tokens=tokens, sampling=sampling, session_id=sid + suffix
+    )
 
 
 def creds(spec: Spec, kind: str, name: str) -> grpc.ChannelCredentials:
@@ -102,7 +121,7 @@ async def stream_all(
 ) -> dict[str, list[int]]:
     seen: dict[str, int] = {}
 
-    async def one(session: tuple[str, list[int], float, int | None]) -> list[int]:
+    async def one(session: Session) -> list[int]:
         out: list[int] = []
         req = request(session, tokens, suffix)
         async for msg in follow_session(daemon, endpoint, req, credentials=router):
@@ -259,7 +278,11 @@ async def probe_plaintext(address: str, service: str) -> str:
 async def probes(spec: Spec) -> dict[str, Any]:
     async with daemon_channel(spec, "operator", "alice") as ch:
         listed = await ppb_grpc.PlanningStub(ch).ListWorkers(ppb.ListWorkersRequest(), timeout=10)
-    workers = {w.worker_id: (w.endpoint, w.node_name) for w in listed.workers}
+    workers = {
+        w.worker_id: (w.endpoint, w.node_name)
+        for w in listed.workers
+        if w.state == fpb.WORKER_STATE_SERVING
+    }
     return {
         "daemon_plaintext": await probe_plaintext(spec["daemon"], "daemon"),
         "agents_plaintext": {
