@@ -178,8 +178,11 @@ class Agent:
         cfg = self.config
         host = cfg.effective_worker_host
         parse_callers(cfg.worker_session_callers)
-        if self.security is None or self.security.tls is None:
+        tls = self.security.tls if self.security else None
+        if tls is None:
             check_plaintext_allowed(join_host_port(host, 0), "worker_host")
+        else:
+            tls.check_host(host, "worker_host")
         return host
 
     async def _poll_workers(self) -> None:

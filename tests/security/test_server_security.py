@@ -19,7 +19,7 @@ from fleetshift_daemon.store.registry_store import SqlRegistryStore
 from fleetshift_rpc import pki
 from fleetshift_rpc.auth import server_security
 from fleetshift_rpc.ratelimit import RateLimit
-from fleetshift_rpc.security import PrincipalKind, client_credentials, parse_callers
+from fleetshift_rpc.security import PrincipalKind, TlsFiles, client_credentials, parse_callers
 from fleetshift_rpc.server import channel, start_server
 from tests.security.conftest import Certs, registration
 
@@ -139,3 +139,20 @@ def test_session_caller_patterns() -> None:
         (PrincipalKind.ROUTER, "*"),
         (PrincipalKind.OPERATOR, "alice"),
     }
+
+
+def test_worker_host_must_be_named_by_the_node_certificate(tmp_path: Path) -> None:
+    """The daemon and the router verify a worker's certificate against the address they
+    dial; an agent whose workers would serve elsewhere is refused at start, naming the key."""
+    pki.init_ca(tmp_path)
+    pair = pki.issue(
+        tmp_path, "node", "n1", san_ips=["198.18.0.11"], san_dns=["n1.fleet.lan", "*.gpu.lan"]
+    )
+    tls = TlsFiles(str(pair.cert), str(pair.key), str(tmp_path / pki.CA_CERT))
+    for named in ("198.18.0.11", "n1.fleet.lan", "N1.Fleet.Lan", "h100-7.gpu.lan"):
+        tls.check_host(named, "worker_host")
+    for unnamed in ("198.18.0.12", "127.0.0.1", "n2.fleet.lan", "a.b.gpu.lan", "gpu.lan"):
+        with pytest.raises(ConfigError) as err:
+            tls.check_host(unnamed, "worker_host")
+        assert err.value.field == "worker_host"
+        assert repr(unnamed) in err.value.message and "198.18.0.11" in err.value.message
