@@ -9,6 +9,7 @@ rewriting the file; they are parsed with the same type rules as the TOML values.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import socket
 import tomllib
@@ -46,6 +47,25 @@ def split_addresses(value: str) -> list[str]:
     """``"a:1, b:2"`` -> ``["a:1", "b:2"]``: a daemon address may list every replica."""
     addresses = [a.strip() for a in value.split(",") if a.strip()]
     return addresses or [value]
+
+
+def _unspecified(host: str) -> bool:
+    """0.0.0.0 / :: / empty: a bind-everything address, never one a peer can dial."""
+    return host.strip("[]") in ("", "0.0.0.0", "::")
+
+
+def _dialable_host(host: str) -> bool:
+    """A host name or an IP literal (IPv6 with or without brackets), not a bind-all address
+    and not ``host:port``."""
+    if _unspecified(host) or any(c.isspace() for c in host):
+        return False
+    if ":" not in host:
+        return True
+    try:
+        ipaddress.IPv6Address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def _check_optional_addresses(config: object, names: tuple[str, ...]) -> None:
@@ -247,6 +267,13 @@ class AgentConfig(ProcessKeys):
     worker_compile: bool = True
     worker_threads: int = 0  # torch threads per worker; 0: torch's default
     worker_start_timeout_s: float = 300.0  # StartWorker fails if the worker is not serving by then
+    # The address this node's workers listen on and report (docs/multihost.md); empty: the
+    # host of advertise_address, else of listen. It must be one the daemon, the other agents
+    # and Route's clients can dial, and, under TLS, a SAN of the node's certificate.
+    worker_host: str = ""
+    # Certificate identities allowed to open sessions on this node's workers, as
+    # '<kind>:<name>' or '<kind>:*' (docs/security.md); control calls are never theirs.
+    worker_session_callers: tuple[str, ...] = ("router:*",)
     # A warm start loads the snapshot's compiled graphs and kernels: generated code, so only
     # where the snapshot stores are trusted like code (docs/security.md).
     worker_compile_artifacts: bool = False
@@ -263,6 +290,18 @@ class AgentConfig(ProcessKeys):
         self._check_process_keys()
         if self.advertise_address:
             _check_address("advertise_address", self.advertise_address)
+        if not self.advertise_address and _unspecified(self.listen.rpartition(":")[0]):
+            raise ConfigError(
+                f"config key 'listen' = {self.listen!r} binds every address, which no peer "
+                "can dial: set advertise_address to the address the daemon reaches",
+                field="advertise_address",
+            )
+        if self.worker_host and not _dialable_host(self.worker_host):
+            raise ConfigError(
+                f"config key 'worker_host' = {self.worker_host!r} must be one address peers "
+                "can dial (a host name or IP, without a port)",
+                field="worker_host",
+            )
         if self.inventory not in ("auto", "nvml", "declared"):
             raise ConfigError(
                 "config key 'inventory' must be auto, nvml or declared", field="inventory"
@@ -276,6 +315,14 @@ class AgentConfig(ProcessKeys):
         for name in ("snapshot_keep_last_per_model", "snapshot_max_age_s", "snapshot_max_total_gb"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config key '{name}' must be >= 0 (0: off)", field=name)
+
+    @property
+    def effective_worker_host(self) -> str:
+        """Where this node's workers listen and what their endpoints name: ``worker_host``,
+        else the host the daemon dials this agent at."""
+        if self.worker_host:
+            return self.worker_host.strip("[]")
+        return (self.advertise_address or self.listen).rpartition(":")[0].strip("[]")
 
 
 def load_config(cls: type[T], path: str | Path | None, env: Mapping[str, str], prefix: str) -> T:

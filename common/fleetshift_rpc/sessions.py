@@ -61,17 +61,20 @@ async def follow_session(
     relocate_timeout_s: float = 120.0,
     max_message_bytes: int = 64 << 20,
     channel_for: ChannelFor | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> AsyncIterator[worker_pb2.GenerateResponse]:
     """Yield the session's tokens in order, re-attaching after each move, until it finishes.
 
     ``channel_for`` lets a long-lived caller (the HTTP gateway) reuse one channel per worker
-    instead of connecting afresh for every stream."""
+    instead of connecting afresh for every stream. ``credentials`` are what a fresh channel
+    dials workers with: on a fleet with TLS, a certificate the workers' nodes list in
+    ``worker_session_callers`` (a router's, by default)."""
     locator = stub(operations_pb2_grpc.OperationsStub, daemon)
     session_id, received, first = request.session_id, 0, True
     loop = asyncio.get_running_loop()
     lost_since: float | None = None  # a session that stays unreachable this long is lost
     options = [("grpc.max_receive_message_length", max_message_bytes)]
-    connect = channel_for or (lambda ep: grpc.aio.insecure_channel(ep, options=options))
+    connect = channel_for or (lambda ep: _dial(ep, options, credentials))
     while True:
         call_request = (
             request
@@ -118,6 +121,7 @@ async def routed_session(
     relocate_timeout_s: float = 120.0,
     max_message_bytes: int = 64 << 20,
     channel_for: ChannelFor | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> AsyncIterator[worker_pb2.GenerateResponse]:
     """A new session on the worker the daemon routes it to, followed across moves.
 
@@ -147,6 +151,7 @@ async def routed_session(
                 relocate_timeout_s=relocate_timeout_s,
                 max_message_bytes=max_message_bytes,
                 channel_for=channel_for,
+                credentials=credentials,
             ):
                 started = True
                 yield msg
@@ -156,6 +161,14 @@ async def routed_session(
                 raise
         endpoint = ""
         await asyncio.sleep(0.05)
+
+
+def _dial(
+    endpoint: str, options: list[tuple[str, int]], credentials: grpc.ChannelCredentials | None
+) -> grpc.aio.Channel:
+    if credentials is None:
+        return grpc.aio.insecure_channel(endpoint, options=options)
+    return grpc.aio.secure_channel(endpoint, credentials, options=options)
 
 
 async def _locate(
