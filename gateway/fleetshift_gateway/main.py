@@ -24,6 +24,8 @@ from fleetshift_common.logs import setup_logging
 from fleetshift_gateway.app import DEFAULT_MAX_BODY_BYTES, Gateway, build_app
 from fleetshift_gateway.metrics import GatewayMetrics
 from fleetshift_gateway.tokenizer import ModelTokenizer
+from fleetshift_gateway.upstream import MAX_MESSAGE_BYTES, WorkerChannels
+from fleetshift_rpc.replicas import aio_daemon_channel
 from fleetshift_rpc.security import client_credentials
 
 log = logging.getLogger("fleetshift.gateway")
@@ -73,18 +75,24 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def daemon_channel(args: argparse.Namespace) -> grpc.aio.Channel:
-    """Plaintext for a loopback development daemon; TLS (and a router certificate, the
-    identity the daemon's table lets call Route and LocateSession) for a secured one."""
+def fleet_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    """None for a loopback development fleet; else the router certificate, the identity the
+    daemon lets call Route and LocateSession and the workers let open sessions."""
     if not args.daemon_ca:
         if args.daemon_cert or args.daemon_key:
             raise SystemExit("--daemon-cert and --daemon-key need --daemon-ca")
-        return grpc.aio.insecure_channel(args.daemon)
+        return None
     try:
-        creds = client_credentials(args.daemon_ca, args.daemon_cert, args.daemon_key)
+        return client_credentials(args.daemon_ca, args.daemon_cert, args.daemon_key)
     except (ConfigError, OSError) as err:
         raise SystemExit(f"the daemon's TLS files: {err}") from err
-    return grpc.aio.secure_channel(args.daemon, creds)
+
+
+def daemon_channel(
+    args: argparse.Namespace, creds: grpc.ChannelCredentials | None
+) -> grpc.aio.Channel:
+    """One daemon, or every replica of a comma-separated list on one channel that fails over."""
+    return aio_daemon_channel(args.daemon, MAX_MESSAGE_BYTES, creds)
 
 
 def load_models(args: argparse.Namespace) -> dict[str, ModelTokenizer]:
@@ -114,9 +122,12 @@ async def run(args: argparse.Namespace) -> None:
     metrics = GatewayMetrics()
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=host, registry=metrics.registry)
-    async with daemon_channel(args) as daemon:
+    creds = fleet_credentials(args)
+    async with daemon_channel(args, creds) as daemon:
         token = args.token_file.read_text().strip() if args.token_file else ""
-        gw = Gateway(daemon, models, args.max_body_bytes, metrics, token=token)
+        gw = Gateway(
+            daemon, models, args.max_body_bytes, metrics, WorkerChannels(creds), token=token
+        )
         config = uvicorn.Config(
             build_app(gw),
             log_level="warning",

@@ -23,17 +23,24 @@ MAX_MESSAGE_BYTES = 64 << 20
 
 class WorkerChannels:
     """One gRPC channel per worker endpoint, kept for the gateway's life: connecting afresh
-    for every request would add a TCP and HTTP/2 handshake to each one's TTFT."""
+    for every request would add a TCP and HTTP/2 handshake to each one's TTFT. On a fleet with
+    TLS, workers take sessions only from identities their node lists (``worker_session_callers``,
+    routers by default), so the channels carry the gateway's router certificate."""
 
-    def __init__(self) -> None:
+    def __init__(self, credentials: grpc.ChannelCredentials | None = None) -> None:
         self._open: dict[str, grpc.aio.Channel] = {}
+        self._credentials = credentials
 
     @asynccontextmanager
     async def lend(self, endpoint: str) -> AsyncIterator[grpc.aio.Channel]:
         channel = self._open.get(endpoint)
         if channel is None:
             options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-            channel = self._open[endpoint] = grpc.aio.insecure_channel(endpoint, options=options)
+            channel = self._open[endpoint] = (
+                grpc.aio.insecure_channel(endpoint, options=options)
+                if self._credentials is None
+                else grpc.aio.secure_channel(endpoint, self._credentials, options=options)
+            )
         yield channel
 
     async def close(self) -> None:
