@@ -52,6 +52,7 @@ NODES = (
 # Where the planner itself puts a prompt-heavy mix: decode on the H200, prefill on an H100;
 # (role, node, tensor parallel) each.
 INITIAL = ((fpb.WORKER_ROLE_DECODE, "h200-1", 2), (fpb.WORKER_ROLE_PREFILL, "h100-1", 2))
+SHORT_INITIAL = ((fpb.WORKER_ROLE_PREFILL, "h200-1", 2), (fpb.WORKER_ROLE_DECODE, "h100-1", 2))
 PLANNER = (
     "[planner]\ninterval_s = 2\nthreshold = 0.95\nhold_s = 10\nhorizon_s = 3600\n"
     "automatic = true\nmax_moves_in_flight = 2\nmax_moves_per_model = 2\n"
@@ -196,14 +197,18 @@ class Demo:
             "daemon plans it as Llama-2-70B at tensor-parallel 2 on the declared GPUs, its "
             "workers compute on this CPU"
         )
-        pool = ThreadPoolExecutor(len(INITIAL))  # the agents start them side by side
-        try:
-            started = list(
-                pool.map(lambda rn: fleet.start_worker(self.model, rn[0], rn[1], 2), INITIAL)
+        initial = SHORT_INITIAL if self.args.short else INITIAL
+        if self.args.short:
+            self.say(
+                "--short: the workers start where neither mix wants them (prefill on the H200), "
+                "so the planner has work to do within the short replay"
             )
+        pool = ThreadPoolExecutor(len(initial))  # the agents start them side by side
+        try:
+            started = list(pool.map(lambda rn: fleet.start_worker(self.model, *rn), initial))
         finally:  # a signal must not wait here for a start that the stop will end anyway
             pool.shutdown(wait=False, cancel_futures=True)
-        for w, (role, node, _) in zip(started, INITIAL, strict=True):
+        for w, (role, node, _) in zip(started, initial, strict=True):
             self.say(f"worker {w.worker_id}: {fpb.WorkerRole.Name(role)[12:].lower()} on {node}")
         fleet.start_gateway([served])
         self.say(f"gateway (OpenAI API) on {fleet.gateway_url}")
