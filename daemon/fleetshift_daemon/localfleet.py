@@ -162,6 +162,7 @@ class LocalFleet:
     agent_procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     gateway_proc: subprocess.Popen[bytes] | None = None
     gateway_port: int = 0
+    extra_procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
     def daemon_address(self) -> str:
@@ -291,6 +292,18 @@ class LocalFleet:
         self.gateway_port = _wait_for(port_file, timeout_s, self.gateway_proc)
         return self.gateway_port
 
+    def start_bare_worker(self, model_dir: Path, name: str, timeout_s: float = 300.0) -> str:
+        """A reference-engine worker of no agent and no daemon (nothing routes to it or moves
+        it), with the agents' worker settings; stopped with the fleet. Returns its address."""
+        port_file = self.state_dir / f"{name}.port"
+        port_file.unlink(missing_ok=True)
+        args = ["fleetshift_agent.worker", "--model-dir", str(model_dir), "--model-id", name]
+        args += ["--listen", "127.0.0.1:0", "--port-file", str(port_file), "--no-compile"]
+        args += ["--threads", "1"]
+        proc = self._spawn_args(args, name)
+        self.extra_procs.append(proc)
+        return f"127.0.0.1:{_wait_for(port_file, timeout_s, proc)}"
+
     def list_nodes(self) -> list[pb.Node]:
         with grpc.insecure_channel(self.daemon_address) as ch:
             reply = pb_grpc.FleetOperatorStub(ch).ListNodes(pb.ListNodesRequest(), timeout=5)
@@ -323,7 +336,7 @@ class LocalFleet:
 
         Workers outlive their agent by design (an agent restart must not kill them), so a
         local fleet that is done also ends the workers its agents recorded."""
-        procs = [self.gateway_proc, *self.agent_procs.values(), self.daemon_proc]
+        procs = [*self.extra_procs, self.gateway_proc, *self.agent_procs.values(), self.daemon_proc]
         running = [p for p in procs if p is not None]
         for proc in running:
             _signal_group(proc, signal.SIGTERM)
@@ -334,6 +347,7 @@ class LocalFleet:
                 _kill(proc, signal.SIGKILL)
             _signal_group(proc, signal.SIGKILL)  # anything the process left in its group
         self.agent_procs.clear()
+        self.extra_procs.clear()
         self.gateway_proc = None
         if workers:
             self._end_workers()

@@ -146,6 +146,7 @@ class Demo:
         self.fleet: LocalFleet | None = None
         self.records: list[StreamRecord] = []
         self.model = args.preset  # the name the openai client asks for
+        self.reference_endpoint = ""
 
     def say(self, text: str) -> None:
         self.console.print(text, highlight=False, markup=False, soft_wrap=True)
@@ -203,9 +204,13 @@ class Demo:
                 "--short: the workers start where neither mix wants them (prefill on the H200), "
                 "so the planner has work to do within the short replay"
             )
-        pool = ThreadPoolExecutor(len(initial))  # the agents start them side by side
+        pool = ThreadPoolExecutor(len(initial) + 1)  # the workers start side by side
         try:
+            # The reference worker belongs to no agent: nothing routes to it or moves it, so
+            # rerunning a request there is the unmoved run the streams are compared with.
+            reference = pool.submit(fleet.start_bare_worker, model_dir, "reference-worker")
             started = list(pool.map(lambda rn: fleet.start_worker(self.model, *rn), initial))
+            self.reference_endpoint = reference.result()
         finally:  # a signal must not wait here for a start that the stop will end anyway
             pool.shutdown(wait=False, cancel_futures=True)
         for w, (role, node, _) in zip(started, initial, strict=True):
@@ -246,9 +251,14 @@ class Demo:
             client = openai_client(fleet.gateway_url)
             try:
                 await replay(client, self.model, workload, self.records, started)
-                self.say(f"[{fw.now():6.1f} s] every request answered; waiting for running moves")
+                running = fw.moves_running()
+                self.say(
+                    f"[{fw.now():6.1f} s] every request answered; waiting for the "
+                    f"{len(running)} step(s) still running (plans made from now on are not "
+                    "waited for)"
+                )
                 deadline = time.monotonic() + SETTLE_TIMEOUT_S
-                while fw.moves_running() and time.monotonic() < deadline:
+                while running & fw.moves_running() and time.monotonic() < deadline:
                     await asyncio.sleep(1)
                 await asyncio.sleep(2)
             finally:
@@ -261,13 +271,11 @@ class Demo:
             chosen = [
                 r for r in self.records if self.args.check == "all" or crossed_a_move(r, steps)
             ]
-            endpoint = next(
-                (w.endpoint for w in fw.workers if w.state == fpb.WORKER_STATE_SERVING), ""
-            )
-            if chosen and endpoint:
+            endpoint = self.reference_endpoint
+            if chosen:
                 self.say(
-                    f"rerunning {len(chosen)} stream(s) on {endpoint} with nothing moving them, "
-                    "to compare token for token ..."
+                    f"rerunning {len(chosen)} stream(s) on a worker outside the fleet "
+                    f"({endpoint}, nothing moves it) to compare token for token ..."
                 )
                 await reference_check(endpoint, model_dir, chosen, verdict)
             return fw, verdict

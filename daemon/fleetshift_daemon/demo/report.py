@@ -71,7 +71,7 @@ def summary_lines(
         f"  {verdict.equal} of {verdict.compared} ({scope}) equal an unmoved rerun of the same "
         "seeded request, token for token"
     )
-    for problem in (verdict.incomplete + verdict.differing)[:10]:
+    for problem in (verdict.incomplete + verdict.differing + verdict.unchecked)[:10]:
         lines.append(f"  ! {problem}")
     if effs:
         lines.append(

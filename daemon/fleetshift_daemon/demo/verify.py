@@ -32,10 +32,11 @@ class Verdict:
     differing: list[str] = field(default_factory=list)
     tokens_lost: int = 0
     tokens_repeated: int = 0
+    unchecked: list[str] = field(default_factory=list)  # reruns that failed: no verdict
 
     @property
     def clean(self) -> bool:
-        return not self.incomplete and not self.differing
+        return not self.incomplete and not self.differing and not self.unchecked
 
 
 def crossed_a_move(record: StreamRecord, steps: Sequence[Step]) -> bool:
@@ -92,7 +93,11 @@ async def reference_check(
                 session_id=f"demo-reference-{req.index}",
             )
             async with gate:
-                ids = [m.token async for m in stub.Generate(ask, timeout=900)]
+                try:
+                    ids = [m.token async for m in stub.Generate(ask, timeout=900)]
+                except grpc.aio.AioRpcError as err:
+                    verdict.unchecked.append(f"request {req.index}: rerun failed: {err.details()}")
+                    return
             decoder = tok.stream_decoder()
             expected = [decoder.push(t) for t in ids]
             if expected:

@@ -96,8 +96,9 @@ class FleetWatch:
         self.events.append((t, text))
         self.say(f"[{t:6.1f} s] {text}")
 
-    def moves_running(self) -> bool:
-        return any(s.state in ("pending", "running") for s in self.steps.values())
+    def moves_running(self) -> set[tuple[str, int]]:
+        """The steps not finished yet, as (operation id, step index)."""
+        return {k for k, s in self.steps.items() if s.state in ("pending", "running")}
 
     async def poll(self) -> None:
         planning = pgrpc.PlanningStub(self.daemon)
