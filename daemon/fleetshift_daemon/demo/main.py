@@ -52,7 +52,6 @@ NODES = (
 # Where the planner itself puts a prompt-heavy mix: decode on the H200, prefill on an H100;
 # (role, node, tensor parallel) each.
 INITIAL = ((fpb.WORKER_ROLE_DECODE, "h200-1", 2), (fpb.WORKER_ROLE_PREFILL, "h100-1", 2))
-SHORT_INITIAL = ((fpb.WORKER_ROLE_PREFILL, "h200-1", 2), (fpb.WORKER_ROLE_DECODE, "h100-1", 2))
 PLANNER = (
     "[planner]\ninterval_s = 2\nthreshold = 0.95\nhold_s = 10\nhorizon_s = 3600\n"
     "automatic = true\nmax_moves_in_flight = 2\nmax_moves_per_model = 2\n"
@@ -198,12 +197,7 @@ class Demo:
             "daemon plans it as Llama-2-70B at tensor-parallel 2 on the declared GPUs, its "
             "workers compute on this CPU"
         )
-        initial = SHORT_INITIAL if self.args.short else INITIAL
-        if self.args.short:
-            self.say(
-                "--short: the workers start where neither mix wants them (prefill on the H200), "
-                "so the planner has work to do within the short replay"
-            )
+        initial = INITIAL
         pool = ThreadPoolExecutor(len(initial) + 1)  # the workers start side by side
         try:
             # The reference worker belongs to no agent: nothing routes to it or moves it, so
@@ -251,15 +245,7 @@ class Demo:
             client = openai_client(fleet.gateway_url)
             try:
                 await replay(client, self.model, workload, self.records, started)
-                running = fw.moves_running()
-                self.say(
-                    f"[{fw.now():6.1f} s] every request answered; waiting for the "
-                    f"{len(running)} step(s) still running (plans made from now on are not "
-                    "waited for)"
-                )
-                deadline = time.monotonic() + SETTLE_TIMEOUT_S
-                while running & fw.moves_running() and time.monotonic() < deadline:
-                    await asyncio.sleep(1)
+                await self._settle(fw)
                 await asyncio.sleep(2)
             finally:
                 stop.set()
@@ -279,6 +265,31 @@ class Demo:
                 )
                 await reference_check(endpoint, model_dir, chosen, verdict)
             return fw, verdict
+
+    async def _settle(self, fw: FleetWatch) -> None:
+        """Wait for the steps running when the traffic ends; when no step has finished at all
+        yet (a short replay), wait for the planner's next plan to finish instead. Bounded."""
+        running = fw.moves_running()
+        self.say(
+            f"[{fw.now():6.1f} s] every request answered; waiting for the {len(running)} "
+            "step(s) still running"
+            + (
+                ""
+                if running or fw.steps_done()
+                else " -- none has finished yet, so for the planner's next plan"
+            )
+        )
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            pending = fw.moves_running()
+            if running & pending:
+                await asyncio.sleep(1)
+                continue
+            if fw.steps_done():
+                return
+            running = pending  # nothing finished yet: what the planner starts next
+            await asyncio.sleep(1)
+        self.say(f"[{fw.now():6.1f} s] stopped waiting after {SETTLE_TIMEOUT_S:.0f} s")
 
     async def _show(
         self, fw: FleetWatch, workload: Workload, stop: asyncio.Event, live: bool

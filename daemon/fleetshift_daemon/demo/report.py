@@ -57,6 +57,11 @@ def summary_lines(
     ]
     for s in sorted(moves, key=lambda s: s.started or 0.0):
         lines.append(f"  {s.started or 0:6.1f} s  {s.line()}: carried {s.sessions_carried}")
+    for s in watch.steps.values():
+        if s.state in ("pending", "running"):
+            lines.append(f"  {s.started or 0:6.1f} s  {s.line()}: still {s.state} at the end")
+        elif s.state not in ("done",):
+            lines.append(f"  {s.started or 0:6.1f} s  {s.line()}: {s.state} {s.error}")
     lost, repeated = verdict.tokens_lost, verdict.tokens_repeated
     scope = "every stream" if check_all else "the streams in flight during a move"
     lines.append(

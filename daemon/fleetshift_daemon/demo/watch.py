@@ -96,6 +96,9 @@ class FleetWatch:
         self.events.append((t, text))
         self.say(f"[{t:6.1f} s] {text}")
 
+    def steps_done(self) -> list[Step]:
+        return [s for s in self.steps.values() if s.state == "done"]
+
     def moves_running(self) -> set[tuple[str, int]]:
         """The steps not finished yet, as (operation id, step index)."""
         return {k for k, s in self.steps.items() if s.state in ("pending", "running")}
