@@ -87,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--short",
         action="store_true",
-        help="a 40 s replay (tests, a quick look); same story, fewer requests",
+        help="a 45 s replay (tests, a quick look); same story, fewer requests",
     )
     p.add_argument("--duration", type=float, default=240.0, help="replay seconds")
     p.add_argument("--compress", type=float, default=4.0, help="trace seconds per replay second")
@@ -138,7 +138,7 @@ class Demo:
         self.args = args
         self.console = console
         if args.short:
-            args.duration, args.rate = 40.0, 1.5
+            args.duration, args.rate = 45.0, 2.5
         self.state_dir = (
             args.state_dir or Path(tempfile.mkdtemp(prefix="fleetshift-demo-"))
         ).resolve()
