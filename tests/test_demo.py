@@ -93,7 +93,7 @@ def test_short_demo_shows_the_loop_and_leaves_nothing(tmp_path: Path) -> None:
     assert code == 0, text
     assert "PLAN op-" in text and "by planner (automatic mode)" in text, text
     assert "MOVE " in text and ": done" in text, text
-    assert "tokens lost or repeated: 0 (checked)" in text, text
+    assert "tokens lost or repeated in served streams: 0 (checked)" in text, text
     served = next(line for line in text.splitlines() if line.startswith("requests served:"))
     done, of = served.split(":")[1].split("(")[0].split(" of ")
     assert int(done) == int(of) > 0, served

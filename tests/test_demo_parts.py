@@ -64,8 +64,11 @@ def record(
 
 def test_the_count_check_catches_a_lost_and_a_repeated_token() -> None:
     v = Verdict()
-    count_check([record(0, 5, 5, 0.0), record(1, 5, 4, 0.0), record(2, 5, 6, 0.0)], v)
+    failed = record(3, 5, 1, 0.0)
+    failed.error = "APIError: rate limited by the fleet"
+    count_check([record(0, 5, 5, 0.0), record(1, 5, 4, 0.0), record(2, 5, 6, 0.0), failed], v)
     assert (v.complete, v.tokens_lost, v.tokens_repeated) == (1, 1, 1) and not v.clean
+    assert len(v.failed) == 1  # a refused request is a failure, not a lost token
 
 
 def step(kind: str, started: float, finished: float | None) -> Step:
@@ -74,9 +77,10 @@ def step(kind: str, started: float, finished: float | None) -> Step:
 
 def test_streams_open_during_a_move_are_the_ones_rerun() -> None:
     steps = [step("cold move", 10.0, 20.0), step("start", 0.0, 30.0)]
-    assert crossed_a_move(record(0, 10, 10, 9.5), steps)  # ends at 10.4, inside the move
-    assert not crossed_a_move(record(1, 10, 10, 21.0), steps)  # after it; starts carry none
-    assert crossed_a_move(record(2, 10, 10, 15.0), [step("warm move", 10.0, None)])
+    assert crossed_a_move(record(0, 10, 10, 19.5), steps)  # open (19.5-20.4) at the switch
+    assert not crossed_a_move(record(1, 10, 10, 9.5), steps)  # ended before the switch
+    assert not crossed_a_move(record(2, 10, 10, 29.5), steps)  # starts carry no session
+    assert not crossed_a_move(record(3, 10, 10, 15.0), [step("warm move", 10.0, None)])
 
 
 def test_the_live_view_renders_at_80_columns() -> None:

@@ -122,7 +122,7 @@ def parser() -> argparse.ArgumentParser:
         "--check",
         default="moved",
         choices=["moved", "all"],
-        help="rerun the streams in flight during a move, or every stream, to compare",
+        help="rerun the streams open when a move switched, or every stream, to compare",
     )
     p.add_argument(
         "--png", type=Path, default=None, help="timeline PNG (default: STATE_DIR/timeline.png)"
@@ -230,7 +230,7 @@ class Demo:
         if self.args.keep:
             while True:
                 time.sleep(3600)
-        return 0 if verdict.clean else 1
+        return 0 if verdict.clean and not verdict.failed else 1
 
     async def _replay(self, workload: Workload, model_dir: Path) -> tuple[FleetWatch, Verdict]:
         assert self.fleet is not None

@@ -41,6 +41,7 @@ def summary_lines(
     check_all: bool,
 ) -> list[str]:
     served = sum(1 for r in records if not r.error and r.finish_reason)
+    failed = len(verdict.failed)
     tokens = sum(len(r.texts) for r in records)
     moves = [s for s in watch.steps.values() if s.state == "done"]
     carried = sum(s.sessions_carried for s in moves)
@@ -50,7 +51,8 @@ def summary_lines(
     effs = [s.efficiency for s in watch.samples if s.efficiency is not None]
     lines = [
         f"requests served: {served} of {len(workload.requests)} "
-        f"({tokens:,} tokens streamed through the gateway)",
+        f"({tokens:,} tokens streamed through the gateway)"
+        + (f"; {failed} failed with an error the client saw" if failed else ""),
         "steps the planner ran: "
         + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none")
         + f"; sessions moved: {carried}",
@@ -63,14 +65,14 @@ def summary_lines(
         elif s.state not in ("done",):
             lines.append(f"  {s.started or 0:6.1f} s  {s.line()}: {s.state} {s.error}")
     lost, repeated = verdict.tokens_lost, verdict.tokens_repeated
-    scope = "every stream" if check_all else "the streams in flight during a move"
+    scope = "every stream" if check_all else "the streams open when a move switched"
     lines.append(
-        f"tokens lost or repeated: {lost + repeated}"
+        f"tokens lost or repeated in served streams: {lost + repeated}"
         + (" (checked)" if verdict.clean else " -- CHECK FAILED")
     )
     lines.append(
-        f"  {verdict.complete} of {verdict.streams} streams got exactly max_tokens chunks, one per "
-        "token, matching their usage"
+        f"  {verdict.complete} of {verdict.streams - failed} served streams got exactly max_tokens "
+        "chunks, one per token, matching their usage"
     )
     lines.append(
         f"  {verdict.equal} of {verdict.compared} ({scope}) equal an unmoved rerun of the same "
@@ -78,6 +80,10 @@ def summary_lines(
     )
     for problem in (verdict.incomplete + verdict.differing + verdict.unchecked)[:10]:
         lines.append(f"  ! {problem}")
+    for failure in verdict.failed[:5]:
+        lines.append(f"  failed: {failure}")
+    if len(verdict.failed) > 5:
+        lines.append(f"  failed: ... and {len(verdict.failed) - 5} more (the demo's output above)")
     if effs:
         lines.append(
             f"efficiency: lowest {min(effs):.2f}, at the end {effs[-1]:.2f} "

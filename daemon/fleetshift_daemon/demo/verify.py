@@ -2,7 +2,7 @@
 
 Two checks. Every stream: one chunk per token (the gateway's contract), as many chunks as
 the usage it reports and as the ``max_tokens`` asked for, ending ``length``. The streams that
-were in flight while a move ran (or all of them, with ``--check all``): the same request
+were open when a move switched (or all of them, with ``--check all``): the same request
 rerun on a worker directly, with nothing moving it (seeded sampling makes the rerun
 bit-equal), decoded the same way, equals what the client saw, delta for delta. A token lost
 or repeated by a move shows up as a difference there.
@@ -27,6 +27,7 @@ class Verdict:
     streams: int = 0
     complete: int = 0  # chunk count == usage == max_tokens
     incomplete: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # requests the fleet refused or ended
     compared: int = 0
     equal: int = 0
     differing: list[str] = field(default_factory=list)
@@ -40,12 +41,12 @@ class Verdict:
 
 
 def crossed_a_move(record: StreamRecord, steps: Sequence[Step]) -> bool:
-    """The stream was open while some step that carries sessions ran."""
+    """The stream was open when a step that can carry sessions (warm or cold move, role
+    change, retire) switched them over: the moment a token could be lost or repeated."""
     for s in steps:
-        if s.kind in ("start",) or s.started is None:
+        if s.kind == "start" or s.finished is None:
             continue
-        end = s.finished if s.finished is not None else float("inf")
-        if record.sent_at <= end and record.ended_at >= s.started:
+        if record.sent_at <= s.finished <= record.ended_at:
             return True
     return False
 
@@ -55,7 +56,9 @@ def count_check(records: Sequence[StreamRecord], verdict: Verdict) -> None:
         verdict.streams += 1
         want = r.request.max_tokens
         got = len(r.texts)
-        if r.error or got != want or r.usage_tokens != got or r.finish_reason != "length":
+        if r.error:  # refused or ended with an error the client saw: not served, not a loss
+            verdict.failed.append(f"request {r.request.index}: after {got} token(s): {r.error}")
+        elif got != want or r.usage_tokens != got or r.finish_reason != "length":
             verdict.incomplete.append(
                 f"request {r.request.index}: {got} chunks, usage {r.usage_tokens}, asked "
                 f"{want}, finish {r.finish_reason}{', ' + r.error if r.error else ''}"
