@@ -1,8 +1,9 @@
-"""Every command of the README's walkthrough, run as a newcomer would paste it: in a fresh
+"""The main job as a newcomer meets it, then every command of the README's walkthrough, run as a newcomer would paste it: in a fresh
 shell (no .venv on PATH, no FLEETSHIFT_* variables) from the checkout, after the two set-up
 commands. The walkthrough's first command keeps a fleet running (``./scripts/demo --keep``);
 the test starts it as written, plus ``--short --no-live`` to bound the replay, waits for the
-line saying the fleet keeps running, and runs every following line in one shell (so a
+line saying the fleet keeps running, checks what the demo showed (the planner's moves, a
+summary that checked 0 tokens lost or repeated, the PNG), and runs every following line in one shell (so a
 variable set on one line serves the next), each of which must succeed. A line whose comment
 reads ``or "TEXT"`` may exit non-zero only with TEXT in its output (a documented refusal)."""
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_demo import MARK, TRACE, assert_no_survivor
+from tests.test_demo import MARK, TRACE, assert_no_survivor, assert_the_demo_showed_the_loop
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,10 +97,12 @@ def test_walkthrough_commands_work_in_a_fresh_shell(tmp_path: Path) -> None:
             ["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
         )
         assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert_the_demo_showed_the_loop(out.read_text(), Path(state))
     finally:
         fleet.send_signal(signal.SIGTERM)
         try:
             fleet.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(fleet.pid, signal.SIGKILL)
-    assert_no_survivor(mark)
+    assert fleet.returncode is not None
+    assert_no_survivor(mark)  # SIGTERM to the demo stopped everything it started

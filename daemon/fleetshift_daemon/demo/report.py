@@ -113,6 +113,11 @@ def plot_timeline(
     ax2 = ax.twinx()
     ax2.plot(t, [s.output_mean for s in watch.samples], color="tab:orange", label="mean output")
     ax2.set_ylabel("mean output tokens")
+    ax.legend(
+        ax.get_lines() + ax2.get_lines(),
+        ["prefill:decode tokens", "mean output tokens"],
+        loc="center left",
+    )
     ax.set_title("Traffic mix in the daemon's window")
     ax = axes[1]
     eff = [np.nan if s.efficiency is None else s.efficiency for s in watch.samples]
