@@ -255,7 +255,9 @@ class Demo:
             count_check(self.records, verdict)
             steps = list(fw.steps.values())
             chosen = [
-                r for r in self.records if self.args.check == "all" or crossed_a_move(r, steps)
+                r
+                for r in self.records
+                if not r.error and (self.args.check == "all" or crossed_a_move(r, steps))
             ]
             endpoint = self.reference_endpoint
             if chosen:
