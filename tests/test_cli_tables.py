@@ -124,7 +124,7 @@ def help_text(argv: list[str]) -> str:
 def test_help_is_plain_text_with_defaults(argv: list[str]) -> None:
     text = help_text(argv)
     assert "``" not in text and ":func:" not in text and ".. " not in text
-    if argv != ["nodes", "--help"]:
+    if argv[0] not in ("nodes", "move"):  # (move's options default to empty: nothing to show)
         assert "(default:" in text
 
 

@@ -23,6 +23,7 @@ from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift.v1 import operations_pb2, placement_pb2
 from fleetshift.v1 import operations_pb2_grpc as operations_grpc
 from fleetshift.v1 import placement_pb2_grpc as placement_grpc
+from fleetshift_common.helpformat import DefaultsHelpFormatter
 from fleetshift_daemon.cli import calibrate
 from fleetshift_daemon.cli.progress import operation_summary, operations_table, watch_operation
 from fleetshift_daemon.cli.tables import (
@@ -276,7 +277,7 @@ def cmd_local_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
-HELP_FORMAT = argparse.ArgumentDefaultsHelpFormatter
+HELP_FORMAT = DefaultsHelpFormatter
 DESCRIPTION = (
     "fleetshift: the operator's command line. It speaks only the daemon's public gRPC API, as "
     "grpcurl would, so anything it shows can also be scripted against the daemon directly."

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.live import Live
 
 from fleetshift.v1 import fleet_pb2 as fpb
+from fleetshift_common.helpformat import DefaultsHelpFormatter
 from fleetshift_daemon.demo import report
 from fleetshift_daemon.demo.replay import StreamRecord, openai_client, replay
 from fleetshift_daemon.demo.verify import Verdict, count_check, crossed_a_move, reference_check
@@ -64,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fleetshift demo",
         description=(__doc__ or "").split("\n\n")[1].replace("\n", " ").replace("``", ""),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     env = os.environ.get
     p.add_argument(
