@@ -79,7 +79,9 @@ def assert_the_demo_showed_the_loop(text: str, state_dir: Path) -> None:
     assert (state_dir / "timeline.png").stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name
+)
 def test_local_fleet_keep_stops_everything_on(sig: signal.Signals, tmp_path: Path) -> None:
     """SIGTERM with a worker and the gateway; SIGINT and SIGHUP take the same path (one
     handler), so a bare fleet keeps the suite's time down."""
