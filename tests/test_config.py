@@ -72,6 +72,11 @@ def test_agent_declared_gpus(tmp_path: Path) -> None:
         ('[[gpus]]\nproduct_name = "H100"\ncount = 0\n', "gpus.count"),
         ("[[gpus]]\ncount = 2\n", "gpus[0]"),
         ('inventory = "guess"\n', "inventory"),
+        ('listen = "0.0.0.0:50052"\n', "advertise_address"),
+        ('listen = "[::]:50052"\n', "advertise_address"),
+        ('worker_host = "10.0.0.7:9000"\n', "worker_host"),
+        ('worker_host = "0.0.0.0"\n', "worker_host"),
+        ("worker_session_callers = 3\n", "worker_session_callers"),
     ],
 )
 def test_bad_agent_config_names_the_key(tmp_path: Path, text: str, named: str) -> None:
@@ -83,3 +88,21 @@ def test_bad_agent_config_names_the_key(tmp_path: Path, text: str, named: str) -
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         daemon_config(tmp_path / "absent.toml", {})
+
+
+@pytest.mark.parametrize(
+    ("text", "host"),
+    [
+        ("", "127.0.0.1"),  # the loopback development default, as before
+        ('listen = "198.18.0.11:50052"\n', "198.18.0.11"),
+        (
+            'listen = "0.0.0.0:50052"\nadvertise_address = "h100-7.fleet.lan:50052"\n',
+            "h100-7.fleet.lan",
+        ),
+        ('listen = "10.0.0.7:50052"\nworker_host = "192.0.2.7"\n', "192.0.2.7"),
+        ('worker_host = "[2001:db8::7]"\n', "2001:db8::7"),
+    ],
+)
+def test_workers_listen_where_peers_reach_the_node(tmp_path: Path, text: str, host: str) -> None:
+    """Workers bind and report the node's address: worker_host, else the advertised host."""
+    assert agent_config(write(tmp_path, text), {}).effective_worker_host == host

@@ -90,6 +90,7 @@ def served_models(config: DaemonConfig) -> list[ServedModel]:
                 slo=SloTarget(model.slo_ttft_ms, model.slo_tbt_ms),
                 model_dir=model.model_dir,
                 context_tokens=context_tokens(model),
+                engine=model.engine,
             )
         )
     return out

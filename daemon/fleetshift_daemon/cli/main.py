@@ -44,6 +44,7 @@ from fleetshift_daemon.localfleet import (
     stop_on_signals,
 )
 from fleetshift_rpc import pki
+from fleetshift_rpc.replicas import leader_hint, sync_daemon_channel
 from fleetshift_rpc.security import client_credentials
 
 # Piped output (CI logs, the README demo) is not a terminal: keep tables wide enough to read.
@@ -56,11 +57,12 @@ def show(table: Table, kind: str) -> None:
 
 
 def open_channel(args: argparse.Namespace) -> grpc.Channel:
-    """Plaintext to a loopback development daemon; TLS (+ certificate or token) otherwise."""
+    """Plaintext to a loopback development daemon; TLS (+ certificate or token) otherwise.
+    ``--daemon`` may list every replica: the channel fails over between them."""
     if not args.ca:
-        return grpc.insecure_channel(args.daemon)
+        return sync_daemon_channel(args.daemon)
     creds = client_credentials(args.ca, args.cert, args.key, args.token)
-    return grpc.secure_channel(args.daemon, creds)
+    return sync_daemon_channel(args.daemon, credentials=creds)
 
 
 def _operator(args: argparse.Namespace) -> tuple[grpc.Channel, pb_grpc.FleetOperatorStub]:
@@ -316,7 +318,7 @@ def _parser() -> argparse.ArgumentParser:
         "--daemon",
         default=env("FLEETSHIFT_DAEMON", DEFAULT_DAEMON),
         action=_Given,
-        help="the daemon's HOST:PORT (env FLEETSHIFT_DAEMON)",
+        help="the daemon's HOST:PORT, or every replica's, comma-separated (env FLEETSHIFT_DAEMON)",
     )
     parser.set_defaults(daemon_given="FLEETSHIFT_DAEMON" in os.environ)
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
@@ -463,11 +465,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args))
     except grpc.RpcError as err:
-        if err.code() == grpc.StatusCode.UNAVAILABLE:
-            console.print(unreachable(args.daemon, args.daemon_given, err.details() or ""))
-            return 1
+        leader = leader_hint(err)
+        if not leader or leader == args.daemon:
+            return _failed(args, err)
+    # A follower under TLS names the leader instead of forwarding (docs/replicas.md).
+    console.print(f"[yellow]the leader is at {leader}[/]: sending the command there")
+    args.daemon = leader
+    try:
+        return int(args.run(args))
+    except grpc.RpcError as err:
+        return _failed(args, err)
+
+
+def _failed(args: argparse.Namespace, err: grpc.RpcError) -> int:
+    if err.code() == grpc.StatusCode.UNAVAILABLE:
+        console.print(unreachable(args.daemon, args.daemon_given, err.details() or ""))
+    else:
         console.print(f"[red]{err.code().name}[/]: {err.details()}")
-        return 1
+    return 1
 
 
 def unreachable(address: str, given: bool, details: str) -> str:
