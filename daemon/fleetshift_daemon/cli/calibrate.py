@@ -20,6 +20,7 @@ from rich.table import Table
 
 from fleetshift.v1 import calibration_pb2 as pb
 from fleetshift.v1 import calibration_pb2_grpc as pb_grpc
+from fleetshift_daemon.cli.tables import fit
 
 # Piped output (logs, scripts) is not a terminal: wide enough that no line is wrapped.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -78,7 +79,7 @@ def cmd_calibrate(args: argparse.Namespace, channel: Any) -> int:
             f"{e.p90_abs_pct:.1f}",
             f"{e.median_bias_pct:+.1f}",
         )
-    console.print(table)
+    console.print(fit(table, console.width))
     return 0
 
 
@@ -86,7 +87,7 @@ def models_table(reply: pb.ListModelsResponse) -> Table:
     table = Table(title="models: what each GPU kind's predictions rest on")
     for col in ("model", "tp options", "GPU kind"):
         table.add_column(col)
-    table.add_column("predictions", no_wrap=True)
+    table.add_column("predictions")
     for model in reply.models:
         for i, kind in enumerate(model.kinds):
             table.add_row(
@@ -104,7 +105,7 @@ def cmd_models(args: argparse.Namespace, channel: Any) -> int:
     reply = pb_grpc.CalibrationStub(channel).ListModels(
         pb.ListModelsRequest(), timeout=args.timeout
     )
-    console.print(models_table(reply))
+    console.print(fit(models_table(reply), console.width))
     return 0
 
 

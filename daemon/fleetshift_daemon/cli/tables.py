@@ -7,12 +7,52 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
+from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift_daemon.wire import ROLE_FROM_PB
 
 GiB = 1024**3
+
+# Per table, the columns an operator can best do without, first to go on a narrow terminal.
+DROP_FIRST: dict[str, tuple[str, ...]] = {
+    "nodes": ("driver/CUDA", "heartbeat", "memory"),
+    "workers": ("endpoint", "KV used", "TP", "model"),
+    "traffic": ("estimator MAE",),
+    "plan": ("GB", "pause s"),
+    "operation": ("phase", "MB", "pause ms"),
+    "operations": ("MB moved", "reason"),
+}
+
+
+def fit(table: Table, width: int | None, drop: tuple[str, ...] = ()) -> Table:
+    """Make ``table`` readable at ``width`` columns without cutting a value to "…".
+
+    Columns in ``drop`` are left out, in that order, while the table is wider than the
+    terminal (a caption names them); every remaining column folds a long value onto more
+    lines instead of truncating it. ``None``: no limit (output that is not a terminal).
+    """
+    for column in table.columns:
+        column.overflow = "fold"
+        column.no_wrap = False
+    if width is None:
+        return table
+    measure = Console(width=width, file=None, force_terminal=False)
+    dropped = []
+    for header in drop:
+        wide = Measurement.get(measure, measure.options.update_width(1 << 16), table).maximum
+        if wide <= width:
+            break
+        for column in list(table.columns):
+            if column.header == header:
+                table.columns.remove(column)
+                dropped.append(header)
+    if dropped:
+        table.caption = f"left out at {width} columns: {', '.join(dropped)} (widen to see them)"
+    return table
+
 
 STATE_TEXT = {
     pb.NODE_STATE_READY: "[green]ready[/]",

@@ -237,8 +237,8 @@ class PlacementService:
         for w in self._workers.alive():
             node = nodes.get(w.node)
             kind = self.gpu_kind(node) if node else None
-            if node is None or kind is None or w.spec.model not in self.models:
-                continue
+            if node is None or kind is None or w.spec.model not in self.models or not w.endpoint:
+                continue  # (a worker still starting has no endpoint: nothing could reach it)
             counters = w.counters
             views.append(
                 WorkerView(
@@ -536,5 +536,6 @@ class PlacementService:
 
 
 def _takes_sessions(worker: WorkerRecord) -> bool:
-    """A draining worker (being moved or retired) is routed to only when nothing else can."""
-    return worker.state.alive and worker.state is not WorkerState.DRAINING
+    """A draining worker (being moved or retired), or one not serving yet, is routed to only
+    when nothing else can."""
+    return worker.state is WorkerState.SERVING

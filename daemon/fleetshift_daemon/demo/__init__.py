@@ -1,0 +1,1 @@
+"""``fleetshift demo``: the main job end to end on one machine (``./scripts/demo``)."""

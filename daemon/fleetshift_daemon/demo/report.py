@@ -1,0 +1,162 @@
+"""The demo's closing summary (text a newcomer reads) and its PNG timeline."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fleetshift_daemon.demo.replay import StreamRecord
+from fleetshift_daemon.demo.verify import Verdict
+from fleetshift_daemon.demo.watch import FleetWatch
+from fleetshift_daemon.demo.workload import DECODE_HEAVY, PROMPT_HEAVY, Workload
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def latency_lines(records: Sequence[StreamRecord]) -> list[str]:
+    out = []
+    for phase in (PROMPT_HEAVY, DECODE_HEAVY):
+        rs = [r for r in records if r.request.phase == phase and r.first_at is not None]
+        ttft = [r.ttft_s or 0.0 for r in rs]
+        gaps = [g for r in rs for g in r.gaps_s()]
+        if not rs:
+            continue
+        out.append(
+            f"  {phase:13s} {len(rs):4d} requests  TTFT p50 {_pct(ttft, 50):6.2f} s "
+            f"p99 {_pct(ttft, 99):6.2f} s   TBT p50 {_pct(gaps, 50) * 1e3:5.0f} ms "
+            f"p99 {_pct(gaps, 99) * 1e3:6.0f} ms  max {max(gaps, default=0) * 1e3:6.0f} ms"
+        )
+    return out
+
+
+def summary_lines(
+    workload: Workload,
+    records: Sequence[StreamRecord],
+    watch: FleetWatch,
+    verdict: Verdict,
+    check_all: bool,
+) -> list[str]:
+    served = sum(1 for r in records if not r.error and r.finish_reason)
+    failed = len(verdict.failed)
+    tokens = sum(len(r.texts) for r in records)
+    moves = [s for s in watch.steps.values() if s.state == "done"]
+    carried = sum(s.sessions_carried for s in moves)
+    kinds: dict[str, int] = {}
+    for s in moves:
+        kinds[s.kind] = kinds.get(s.kind, 0) + 1
+    effs = [s.efficiency for s in watch.samples if s.efficiency is not None]
+    lines = [
+        f"requests served: {served} of {len(workload.requests)} "
+        f"({tokens:,} tokens streamed through the gateway)"
+        + (f"; {failed} failed with an error the client saw" if failed else ""),
+        "steps the planner ran: "
+        + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none")
+        + f"; sessions moved: {carried}",
+    ]
+    for s in sorted(moves, key=lambda s: s.started or 0.0):
+        lines.append(f"  {s.started or 0:6.1f} s  {s.line()}: carried {s.sessions_carried}")
+    for s in watch.steps.values():
+        if s.state in ("pending", "running"):
+            lines.append(f"  {s.started or 0:6.1f} s  {s.line()}: still {s.state} at the end")
+        elif s.state not in ("done",):
+            lines.append(f"  {s.started or 0:6.1f} s  {s.line()}: {s.state} {s.error}")
+    lost, repeated = verdict.tokens_lost, verdict.tokens_repeated
+    scope = "every stream" if check_all else "the streams open when a move switched"
+    lines.append(
+        f"tokens lost or repeated in served streams: {lost + repeated}"
+        + (" (checked)" if verdict.clean else " -- CHECK FAILED")
+    )
+    lines.append(
+        f"  {verdict.complete} of {verdict.streams - failed} served streams got exactly max_tokens "
+        "chunks, one per token, matching their usage"
+    )
+    lines.append(
+        f"  {verdict.equal} of {verdict.compared} ({scope}) equal an unmoved rerun of the same "
+        "seeded request, token for token"
+    )
+    for problem in (verdict.incomplete + verdict.differing + verdict.unchecked)[:10]:
+        lines.append(f"  ! {problem}")
+    for failure in verdict.failed[:5]:
+        lines.append(f"  failed: {failure}")
+    if len(verdict.failed) > 5:
+        lines.append(f"  failed: ... and {len(verdict.failed) - 5} more (the demo's output above)")
+    if effs:
+        lines.append(
+            f"efficiency: lowest {min(effs):.2f}, at the end {effs[-1]:.2f} "
+            f"(threshold {watch.threshold:.2f})"
+        )
+    lines.append("latency through the gateway (this CPU, not a GPU):")
+    lines.extend(latency_lines(records))
+    return lines
+
+
+def plot_timeline(
+    path: Path, workload: Workload, records: Sequence[StreamRecord], watch: FleetWatch
+) -> str:
+    """Write the PNG; returns a line saying where, or why not (matplotlib is optional)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no PNG: matplotlib is missing (pip install 'fleetshift[sim]')"
+    fig, axes = plt.subplots(3, 1, figsize=(11, 8), sharex=True)
+    t = [s.t for s in watch.samples]
+    ax = axes[0]
+    ax.plot(t, [s.prefill_decode for s in watch.samples], label="prefill:decode tokens")
+    ax.set_ylabel("prefill:decode")
+    ax2 = ax.twinx()
+    ax2.plot(t, [s.output_mean for s in watch.samples], color="tab:orange", label="mean output")
+    ax2.set_ylabel("mean output tokens")
+    ax.legend(
+        ax.get_lines() + ax2.get_lines(),
+        ["prefill:decode tokens", "mean output tokens"],
+        loc="center left",
+    )
+    ax.set_title("Traffic mix in the daemon's window")
+    ax = axes[1]
+    eff = [np.nan if s.efficiency is None else s.efficiency for s in watch.samples]
+    ax.plot(t, eff, color="tab:green", label="placement efficiency")
+    ax.axhline(watch.threshold, color="tab:red", linestyle="--", label="threshold")
+    ax.set_ylabel("efficiency")
+    ax.set_ylim(0, 1.05)
+    ax.legend(loc="lower left")
+    ax = axes[2]
+    done = [r for r in records if r.first_at is not None]
+    ax.scatter([r.sent_at for r in done], [r.ttft_s for r in done], s=8, label="TTFT (s)")
+    gaps = [(r.chunk_at[i + 1], g) for r in done for i, g in enumerate(r.gaps_s())]
+    if gaps:
+        xs, ys = zip(*gaps, strict=True)
+        ax.scatter(xs, ys, s=1, alpha=0.3, color="tab:gray", label="token gap (s)")
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds")
+    ax.set_xlabel("seconds from the start of the replay")
+    ax.legend(loc="upper left")
+    _mark_moves(axes, watch.steps.values(), workload.turn_at_s)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"timeline: {path}"
+
+
+def _mark_moves(axes: object, steps: object, turn_at: float) -> None:
+    colours = {"warm move": "tab:blue", "cold move": "tab:purple", "role change": "tab:olive"}
+    for ax in axes:  # type: ignore[attr-defined]
+        ax.axvline(turn_at, color="black", linestyle=":", linewidth=1)
+        for s in steps:  # type: ignore[attr-defined]
+            if s.started is None:
+                continue
+            end = s.finished if s.finished is not None else s.started + 1
+            ax.axvspan(s.started, end, alpha=0.15, color=colours.get(s.kind, "tab:cyan"))
+    top = axes[0]  # type: ignore[index]
+    top.text(
+        turn_at, 0.9, " mix turns decode-heavy", transform=top.get_xaxis_transform(), fontsize=8
+    )
+    for s in steps:  # type: ignore[attr-defined]
+        if s.started is not None:
+            axes[1].text(s.started, 0.05, f" {s.kind}", rotation=90, fontsize=7)  # type: ignore[index]

@@ -1,0 +1,101 @@
+"""The demo's parts that need no fleet: the workload it replays, the checks it reports, and
+the live view at 80 columns."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from fleetshift.v1 import fleet_pb2 as fpb
+from fleetshift_daemon.demo.replay import StreamRecord
+from fleetshift_daemon.demo.verify import Verdict, count_check, crossed_a_move
+from fleetshift_daemon.demo.view import render, status_line
+from fleetshift_daemon.demo.watch import FleetWatch, Sample, Step
+from fleetshift_daemon.demo.workload import (
+    DECODE_HEAVY,
+    PROMPT_HEAVY,
+    DemoRequest,
+    Workload,
+    WorkloadSpec,
+    build_workload,
+)
+
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_conv.csv"
+
+
+@pytest.mark.skipif(not TRACE.is_file(), reason=f"the shared trace {TRACE} is not here")
+def test_the_workload_turns_decode_heavy_halfway_and_fits_the_model() -> None:
+    spec = WorkloadSpec(TRACE, 120.0, 4.0, 2.0, 0.25, 0.25)
+    w = build_workload(spec, context_tokens=512, vocab_size=512)
+    assert 150 < len(w.requests) < 330 and w.turn_at_s == pytest.approx(60, abs=1)
+    first, second = w.in_phase(PROMPT_HEAVY), w.in_phase(DECODE_HEAVY)
+    assert first and second and all(r.at_s < w.turn_at_s for r in first)
+    ratio = [np.mean([len(r.prompt) / r.max_tokens for r in half]) for half in (first, second)]
+    assert ratio[0] > 2 * ratio[1]  # prompt-heavy, then decode-heavy
+    for r in w.requests:
+        assert len(r.prompt) + r.max_tokens <= 512 and all(300 <= t < 512 for t in r.prompt)
+    assert "left out" in w.description if w.left_out else True
+    again = build_workload(spec, context_tokens=512, vocab_size=512)
+    assert [r.prompt for r in again.requests] == [r.prompt for r in w.requests]  # seeded
+
+
+def test_a_slice_with_nothing_in_it_is_refused_clearly() -> None:
+    if not TRACE.is_file():
+        pytest.skip("no trace")
+    with pytest.raises(ValueError, match="pick another --trace-start"):
+        build_workload(WorkloadSpec(TRACE, 10.0, 1.0, 1.0, 1.0, 1.0, 1e9), 512, 512)
+
+
+def record(
+    index: int, asked: int, chunks: int, sent: float, usage: int | None = None
+) -> StreamRecord:
+    r = StreamRecord(DemoRequest(index, sent, [300], asked, 1, PROMPT_HEAVY), sent_at=sent)
+    r.texts = ["x"] * chunks
+    r.chunk_at = [sent + 0.1 * i for i in range(chunks)]
+    r.usage_tokens = chunks if usage is None else usage
+    r.finish_reason = "length"
+    r.done = True
+    return r
+
+
+def test_the_count_check_catches_a_lost_and_a_repeated_token() -> None:
+    v = Verdict()
+    failed = record(3, 5, 1, 0.0)
+    failed.error = "APIError: rate limited by the fleet"
+    count_check([record(0, 5, 5, 0.0), record(1, 5, 4, 0.0), record(2, 5, 6, 0.0), failed], v)
+    assert (v.complete, v.tokens_lost, v.tokens_repeated) == (1, 1, 1) and not v.clean
+    assert len(v.failed) == 1  # a refused request is a failure, not a lost token
+
+
+def step(kind: str, started: float, finished: float | None) -> Step:
+    return Step("op", 0, kind, "w", "a", "b", "decode", "done", started, finished, 1, 10.0, "")
+
+
+def test_streams_open_during_a_move_are_the_ones_rerun() -> None:
+    steps = [step("cold move", 10.0, 20.0), step("start", 0.0, 30.0)]
+    assert crossed_a_move(record(0, 10, 10, 19.5), steps)  # open (19.5-20.4) at the switch
+    assert not crossed_a_move(record(1, 10, 10, 9.5), steps)  # ended before the switch
+    assert not crossed_a_move(record(2, 10, 10, 29.5), steps)  # starts carry no session
+    assert not crossed_a_move(record(3, 10, 10, 15.0), [step("warm move", 10.0, None)])
+
+
+def test_the_live_view_renders_at_80_columns() -> None:
+    said: list[str] = []
+    fw = FleetWatch(None, "tiny", 0.0, 0.0, said.append)  # type: ignore[arg-type]
+    fw.samples = [Sample(1.0, 0.99, 1.5, 200, 40, 5.0, 2), Sample(2.0, 0.7, 1.6, 200, 90, 2.0, 2)]
+    fw.below_for_s = 4.0
+    fw.steps = {("op", 0): step("cold move", 1.0, 2.0)}
+    fw.workers = [
+        fpb.WorkerStatus(worker_id="w-1", node_name="h200-1", role=fpb.WORKER_ROLE_DECODE,
+                         state=fpb.WORKER_STATE_SERVING)
+    ]  # fmt: skip
+    w = Workload([DemoRequest(0, 0.0, [300], 4, 1, PROMPT_HEAVY)], 40.0, 20.0, 0, "x")
+    console = Console(width=80, file=io.StringIO(), record=True)
+    console.print(render(fw, [record(0, 4, 4, 0.0)], w))
+    text = console.export_text()
+    assert "ALARM" in text and "cold move of w" in text and "h200-1" in text
+    assert "decode@h200-1" in status_line(fw, [], w)
