@@ -9,6 +9,7 @@ rewriting the file; they are parsed with the same type rules as the TOML values.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import tomllib
@@ -80,6 +81,61 @@ class GpuPrice:
         _check_positive("gpu_prices.per_hour", self.per_hour)
 
 
+ENGINES = ("reference", "vllm")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineArgs:
+    """Arguments of a model's engine (``[models.engine_args]``). The reference engine takes
+    none; the vllm engine turns them into its server's flags (docs/vllm.md). Values vLLM
+    itself checks (a dtype, a length beyond the model's) are passed as given, so the refusal
+    comes from vLLM, by name, when the worker starts."""
+
+    dtype: str = "auto"  # vLLM --dtype
+    max_model_len: int = 0  # 0: the model's own max_position_embeddings
+    kv_cache_gib: float = 1.0  # KV cache size (VLLM_CPU_KVCACHE_SPACE on a CPU)
+    gpu_memory_utilization: float = 0.0  # on CUDA: vLLM's share of the GPU; 0: vLLM's default
+    enforce_eager: bool = True  # False: vLLM compiles (minutes of warm-up on a CPU)
+    kv_connector: str = ""  # vLLM KV connector, e.g. "ExampleConnector" (disk), "NixlConnector"
+    kv_role: str = "kv_both"
+    kv_connector_path: str = ""  # ExampleConnector's shared_storage_path
+    extra_args: tuple[str, ...] = ()  # further vLLM server flags, passed as given
+
+    def __post_init__(self) -> None:
+        if self.max_model_len < 0:
+            raise ConfigError(
+                "engine_args.max_model_len must be >= 0", field="engine_args.max_model_len"
+            )
+        _check_positive("engine_args.kv_cache_gib", self.kv_cache_gib)
+        if not 0 <= self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                "engine_args.gpu_memory_utilization must be in [0, 1]",
+                field="engine_args.gpu_memory_utilization",
+            )
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> EngineArgs:
+        """Strict: an unknown key or a value of the wrong type is refused, named."""
+        if not text:
+            return cls()
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"engine_args is not JSON: {exc}", field="engine_args") from None
+        result: EngineArgs = _coerce_item("engine_args", raw, cls)
+        return result
+
+
+def check_engine(name: str, field: str = "engine") -> str:
+    """The engine's name, or a refusal naming the known ones."""
+    if name not in ENGINES:
+        raise ConfigError(f"{field} {name!r} is not known; use one of {ENGINES}", field=field)
+    return name
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """A model the fleet serves: its architecture (HF config.json or a named preset) and SLOs."""
@@ -93,8 +149,12 @@ class ModelConfig:
     slo_ttft_ms: float = 2000.0
     slo_tbt_ms: float = 100.0
     model_dir: str = ""  # where agents load the weights from (the reference engine's directory)
+    # Which engine runs this model's workers, and its arguments (docs/vllm.md).
+    engine: str = "reference"
+    engine_args: EngineArgs = EngineArgs()
 
     def __post_init__(self) -> None:
+        check_engine(self.engine, "models.engine")
         if not self.name.strip():
             raise ConfigError("models.name must not be empty", field="models.name")
         if bool(self.hf_config) == bool(self.preset):
@@ -208,6 +268,9 @@ class AgentConfig(ProcessKeys):
     worker_compile: bool = True
     worker_threads: int = 0  # torch threads per worker; 0: torch's default
     worker_start_timeout_s: float = 300.0  # StartWorker fails if the worker is not serving by then
+    # The interpreter that runs vLLM workers' servers (engine "vllm"); empty: the agent's own.
+    # A separate virtualenv keeps vLLM's pins (its torch, its transformers) apart (docs/vllm.md).
+    vllm_python: str = ""
     # A warm start loads the snapshot's compiled graphs and kernels: generated code, so only
     # where the snapshot stores are trusted like code (docs/security.md).
     worker_compile_artifacts: bool = False

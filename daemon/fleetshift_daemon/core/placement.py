@@ -66,6 +66,16 @@ class ServedModel:
     # The model's context length (its config's max_position_embeddings): a request longer
     # than this cannot run, so Route refuses it and the traffic window never counts it.
     context_tokens: int = MAX_CONTEXT_TOKENS
+    # The engine its workers run ("reference" or "vllm") and that engine's arguments, passed
+    # to the agent as given (JSON of fleetshift_common.config.EngineArgs).
+    engine: str = "reference"
+    engine_args_json: str = ""
+
+    @property
+    def snapshots(self) -> bool:
+        """Whether its workers can be snapshotted and restored (a warm move): only the
+        reference engine's can; a vLLM worker moves cold, its sessions as token history."""
+        return self.engine == "reference"
 
     @property
     def name(self) -> str:
