@@ -123,7 +123,7 @@ class EngineArgs:
             return cls()
         try:
             raw = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise ConfigError(f"engine_args is not JSON: {exc}", field="engine_args") from None
         result: EngineArgs = _coerce_item("engine_args", raw, cls)
         return result
