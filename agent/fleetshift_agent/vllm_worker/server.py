@@ -156,12 +156,13 @@ class VllmServer:
         """vLLM's last error line (an exception or argparse's complaint), else its last line."""
         if self._pump is not None:
             self._pump.join(timeout=5)  # the pipe closes when the server (and its children) end
-        lines = [line.strip() for line in self._tail if line.strip()]
-        for line in reversed(lines):
-            found = _ERROR_LINE.search(line)
-            if found:
-                return found.group(1)
-        return lines[-1] if lines else "(no output)"
+        lines = [line.rstrip() for line in self._tail if line.strip()]
+        for i in range(len(lines) - 1, -1, -1):
+            found = _ERROR_LINE.search(lines[i])
+            if found:  # with the indented detail lines some errors carry (pydantic's do)
+                detail = [x.strip() for x in lines[i + 1 :] if x.startswith(" ") and "://" not in x]
+                return " ".join([found.group(1), *detail[:2]])
+        return lines[-1].strip() if lines else "(no output)"
 
     def failed(self, why: str) -> VllmStartFailed:
         return VllmStartFailed(f"vLLM server {why}: {self.cause()}")
