@@ -8,7 +8,11 @@ openai SDK's own parsing is not charged to the gateway), alternating so both see
 machine load. Through the gateway a request also pays its Route call, its prompt's
 tokenizing and its detokenizing: that is the overhead being measured.
 
-    nice -n 10 .venv/bin/python bench/gateway_overhead.py --preset tiny --rounds 30
+    PYTHONPATH=. nice -n 10 .venv/bin/python bench/gateway_overhead.py --preset tiny --rounds 30
+
+``--baseline-src DIR`` adds a third path, a gateway run from another source tree (``git
+archive main gateway common proto | tar -x -C DIR``), so a change's before and after are
+measured in the same run; ``--profile-gateway FILE`` runs the current one under cProfile.
 
 Targets (issue 15): <= 2 ms added to TTFT at p50, <= 3 % fewer tokens/s.
 """
@@ -18,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,15 +29,8 @@ import grpc
 import httpx
 import numpy as np
 
-from fleetshift.v1 import fleet_pb2 as fpb
-from fleetshift.v1 import operations_pb2 as pb
-from fleetshift.v1 import operations_pb2_grpc as pb_grpc
+from bench.gateway_fleet import MODEL, BenchFleet, bench_fleet, load_average
 from fleetshift.v1 import worker_pb2, worker_pb2_grpc
-from fleetshift_agent.engine.make_model import main as make_model
-from fleetshift_daemon.localfleet import LocalFleet, NodeSpec
-from tests.gateway.procs import gateway
-
-MODEL = "bench-model"
 
 
 async def direct(stub: worker_pb2_grpc.WorkerServiceStub, prompt: list[int], n: int, i: int):  # type: ignore[no-untyped-def]
@@ -65,47 +61,47 @@ async def through(client: httpx.AsyncClient, url: str, prompt: list[int], n: int
     return first - start, count / (time.perf_counter() - first) if count > 1 else 0.0
 
 
-async def measure(fleet: LocalFleet, url: str, args: argparse.Namespace) -> None:
-    async with grpc.aio.insecure_channel(fleet.daemon_address) as daemon:
-        worker = await pb_grpc.OperationsStub(daemon).StartWorker(
-            pb.StartFleetWorkerRequest(model=MODEL, role=fpb.WORKER_ROLE_MIXED, node_name="n1"),
-            timeout=300,
-        )
+async def measure(bench: BenchFleet, args: argparse.Namespace) -> None:
     prompt = [(7 * i) % 200 + 1 for i in range(args.prompt_tokens)]
-    rows: dict[str, list[tuple[float, float]]] = {"direct": [], "gateway": []}
+    rows: dict[str, list[tuple[float, float]]] = {"direct": []}
+    rows.update({f"gateway ({name})": [] for name in bench.gateways})
     async with (
-        grpc.aio.insecure_channel(worker.endpoint) as ch,
+        grpc.aio.insecure_channel(bench.worker) as ch,
         httpx.AsyncClient(timeout=300) as client,
     ):
         stub = worker_pb2_grpc.WorkerServiceStub(ch)
         for i in range(args.warmup + args.rounds):
-            d = await direct(stub, prompt, args.max_tokens, i)
-            g = await through(client, url, prompt, args.max_tokens)
+            results = {"direct": await direct(stub, prompt, args.max_tokens, i)}
+            for name, gw in bench.gateways.items():
+                results[f"gateway ({name})"] = await through(
+                    client, gw.url, prompt, args.max_tokens
+                )
             if i >= args.warmup:
-                rows["direct"].append(d)
-                rows["gateway"].append(g)
+                for path, value in results.items():
+                    rows[path].append(value)
     report(rows, args)
 
 
 def report(rows: dict[str, list[tuple[float, float]]], args: argparse.Namespace) -> None:
     print(
         f"preset={args.preset} rounds={args.rounds} prompt={args.prompt_tokens} "
-        f"max_tokens={args.max_tokens} (sequential, one request in flight)"
+        f"max_tokens={args.max_tokens} (sequential, one request in flight, paths alternating)"
     )
-    print(f"{'path':<10}{'TTFT p50 ms':>13}{'TTFT p90 ms':>13}{'tok/s p50':>11}")
-    stats = {}
+    print(f"{'path':<20}{'TTFT p50 ms':>13}{'TTFT p90 ms':>13}{'tok/s p50':>11}"
+          f"{'added p50 ms':>14}{'paired ms':>11}{'tok/s lost':>12}")  # fmt: skip
+    base = rows["direct"]
+    base_ttft = np.median([v[0] for v in base]) * 1e3
+    base_rate = np.median([v[1] for v in base])
     for path, values in rows.items():
         ttft = np.array([v[0] for v in values]) * 1e3
-        rate = np.array([v[1] for v in values])
-        stats[path] = (np.median(ttft), np.percentile(ttft, 90), np.median(rate))
-        print(f"{path:<10}{stats[path][0]:>13.2f}{stats[path][1]:>13.2f}{stats[path][2]:>11.1f}")
-    added = stats["gateway"][0] - stats["direct"][0]
-    paired = np.median([g[0] - d[0] for g, d in zip(rows["gateway"], rows["direct"], strict=True)])
-    loss = 1 - stats["gateway"][2] / stats["direct"][2]
-    print(
-        f"added TTFT p50: {added:.2f} ms (paired per round: {paired * 1e3:.2f} ms); target <= 2 ms"
-    )
-    print(f"tokens/s lost: {loss * 100:.1f} %; target <= 3 %")
+        rate = np.median([v[1] for v in values])
+        paired = np.median([g[0] - d[0] for g, d in zip(values, base, strict=True)]) * 1e3
+        print(
+            f"{path:<20}{np.median(ttft):>13.2f}{np.percentile(ttft, 90):>13.2f}{rate:>11.1f}"
+            f"{np.median(ttft) - base_ttft:>14.2f}{paired:>11.2f}"
+            f"{(1 - rate / base_rate) * 100:>11.1f}%"
+        )
+    print("targets: added TTFT p50 <= 2 ms, tokens/s lost <= 3 %")
 
 
 def main() -> None:
@@ -115,28 +111,21 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="also measure a gateway run from this source tree (e.g. `git archive` of main)",
+    )
+    parser.add_argument(
+        "--profile-gateway", type=Path, help="run the current gateway under cProfile, stats here"
+    )
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        model_dir = root / "model"
-        assert make_model(["--out", str(model_dir), "--preset", args.preset]) == 0
-        fleet = LocalFleet(
-            root / "fleet",
-            (NodeSpec("n1", "NVIDIA H100 80GB HBM3", 1),),
-            heartbeat_interval_s=0.5,
-            daemon_extra=(
-                "[planner]\ninterval_s = 0\n"
-                f'[[models]]\nname = "{MODEL}"\nhf_config = "{model_dir}"\n'
-                f'model_dir = "{model_dir}"\ntp_options = [1]\n'
-            ),
-            agent_extra="worker_compile = false\nworker_threads = 1\n",
-        )
-        try:
-            fleet.start(timeout_s=120)
-            with gateway(root / "gw", fleet.daemon_address, MODEL, model_dir) as url:
-                asyncio.run(measure(fleet, url, args))
-        finally:
-            fleet.stop()
+    print(load_average(), "(start)")
+    with bench_fleet(
+        args.preset, baseline_src=args.baseline_src, profile=args.profile_gateway
+    ) as bench:
+        asyncio.run(measure(bench, args))
+    print(load_average(), "(end)")
 
 
 if __name__ == "__main__":

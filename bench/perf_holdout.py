@@ -33,9 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import perfmodel_v1 as v1
 
-from fleetshift_daemon.core.calibration import FITTED, FitError, at_bounds, fit, fit_errors
+from fleetshift_daemon.core.calibration import FitError, at_bounds, factor_names, fit, fit_errors
 from fleetshift_daemon.core.corrections import Phase
-from fleetshift_daemon.core.measurements import Measurement, load_measurements, screened
+from fleetshift_daemon.core.measurements import (
+    Measurement,
+    hardware_kind,
+    load_measurements,
+    screened,
+)
 from fleetshift_daemon.core.perf_factors import EfficiencyFactors, shipped_factors
 from fleetshift_daemon.core.perfmodel import llama2_70b
 
@@ -98,7 +103,8 @@ def spread(
     out: dict[str, dict[str, float]] = {}
     for kind, kf in full.per_kind.items():
         row = {}
-        for name in (*FITTED, "long_pass_tokens", "compute_scale"):
+        names = factor_names(hardware_kind(kind), multi_gpu=True)
+        for name in (*names, "long_pass_tokens", "compute_scale"):
             ref = getattr(kf, name)
             vals = [getattr(s.per_kind[kind], name) for s in subsets if kind in s.per_kind]
             row[name] = max(abs(v / ref - 1) for v in vals) * 100 if ref else float("nan")
@@ -130,7 +136,7 @@ def main() -> int:
         old_e = v1_errors(v1.fit(train), test)
         print_table(f"{name}: {len(train)} fitting rows, {len(test)} held out", new_e, old_e, True)
         for kind, kf in new_f.per_kind.items():
-            pinned = ", ".join(at_bounds(kf)) or "none"
+            pinned = ", ".join(at_bounds(kf, factor_names(hardware_kind(kind), True))) or "none"
             values = ", ".join(f"{k}={v:.4g}" for k, v in kf.to_dict().items())
             print(f"  {kind} fitted here (at a bound: {pinned}): {values}")
         result[name] = {"new": [asdict(e) for e in new_e], "today": [asdict(e) for e in old_e]}
@@ -139,7 +145,8 @@ def main() -> int:
     for kind, row in sp.items():
         print(f"  {kind}: " + ", ".join(f"{k} {v:.0f}" for k, v in row.items()))
     for kind, kf in shipped.per_kind.items():
-        print(f"  shipped {kind}: at a bound: {', '.join(at_bounds(kf)) or 'none'}")
+        pinned = ", ".join(at_bounds(kf, factor_names(hardware_kind(kind), True))) or "none"
+        print(f"  shipped {kind}: at a bound: {pinned}")
     result["spread_pct"] = sp
     print(f"\nwall time {time.perf_counter() - t0:.0f} s")
     if args.json:

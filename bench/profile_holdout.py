@@ -1,85 +1,60 @@
-"""Hold-out (c): fit the performance model on one reference model's profile, predict another's.
+"""Hold-out (c): fit the performance model on one model's profile, predict another's, both ways.
 
-Both profiles come from ``fleetshift profile`` against real workers on this machine's CPU (see
-``bench/profile_cost.py``). The CPU is the "hardware kind": its peak compute and bandwidth are
-the ones the profiler measured (a timed matmul and copy, in the fitted profile's sidecar). The
-factors are fitted on the FIT profile only (the tuning column) and then predict the CHECK
-profile, a model of another shape (the held-out column); each direction is reported, per phase,
-as median and p90 absolute error and signed median bias, beside the in-sample error.
+A thin driver over the operator's own command, ``fleetshift calibration --fit A --check B``
+(``fleetshift_daemon.cli.calibration``): the same reading of each ``CSV:config.json``, the
+same fit and the same report, run in both directions and printed as one markdown table whose
+tuning rows (in-sample: the profile the factors were fitted on) and held-out rows (the other
+model, never seen by the fit) are kept apart. Both profiles come from ``fleetshift profile``
+against real workers on this machine's CPU; the CPU kind's peaks are the ones each profile's
+sidecar measured (``core.measurements.cpu_kind``).
 
     .venv/bin/python bench/profile_holdout.py A.csv:A/config.json B.csv:B/config.json
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
+from collections.abc import Sequence
 
-from fleetshift_daemon.core.archs import ModelArch
-from fleetshift_daemon.core.model_calibrations import (
-    cpu_kind,
-    fit_errors,
-    fit_kind,
-    measurements,
-    parse_profile,
-)
+from fleetshift_common.errors import FleetShiftError
+from fleetshift_daemon.cli.calibration import Profile, calibrate, read_profile
+from fleetshift_daemon.core.calibration import FitError
 
 
-def load(spec: str) -> tuple[str, Path, ModelArch, dict[str, object]]:
-    csv_part, _, config_part = spec.partition(":")
-    csv_path = Path(csv_part)
-    config = Path(config_part or csv_path.with_suffix(""))
-    config = config / "config.json" if config.is_dir() else config
-    arch = ModelArch.from_hf_config(csv_path.stem, json.loads(config.read_text()))
-    sidecar = json.loads(csv_path.with_suffix(".json").read_text())
-    return csv_path.read_text(), csv_path, arch, sidecar
+def lines(label: str, column: str, errors: Sequence[FitError]) -> list[str]:
+    return [
+        f"| {label} | {column} | {e.phase.value} | {e.n} | {e.median_abs_pct:.1f} | "
+        f"{e.p90_abs_pct:.1f} | {e.median_bias_pct:+.1f} |"
+        for e in errors
+    ]
 
 
-def row(label: str, column: str, median: float, phases: tuple) -> list[str]:  # type: ignore[type-arg]
-    out = []
-    for e in phases:
-        out.append(
-            f"| {label} | {column} | {e.phase} | {e.points} | {e.median_abs_pct:.1f} | "
-            f"{e.p90_abs_pct:.1f} | {e.median_bias_pct:+.1f} |"
-        )
+def direction(fit_on: Profile, check: Profile) -> list[str]:
+    rep = calibrate([fit_on], check)
+    a, b = fit_on.csv.stem, check.csv.stem
+    out = lines(f"{a} → {b}", f"tuning ({a}, in-sample)", rep.in_sample)
+    out += lines(f"{a} → {b}", f"held out ({b})", rep.errors)
+    for kind, source in rep.fitted.items():
+        kf = rep.factors.for_kind(kind)
+        values = ", ".join(f"{k}={v:.4g}" for k, v in kf.to_dict().items())
+        pinned = ", ".join(rep.pinned(kind)) or "none"
+        out.append(f"<!-- {a} → {b}: {kind} ({source}; at a bound: {pinned}): {values} -->")
     return out
 
 
-def main(argv: list[str]) -> int:
+def main(argv: Sequence[str]) -> int:
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
-    profiles = [load(spec) for spec in argv]
+    try:
+        first, second = (read_profile(spec) for spec in argv)
+        rows = direction(first, second) + direction(second, first)
+    except FleetShiftError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        return 2
     print("| fitted on → predicts | column | phase | points | median abs % | p90 abs % | bias % |")
     print("|---|---|---|---|---|---|---|")
-    for fit_on, check in ((profiles[0], profiles[1]), (profiles[1], profiles[0])):
-        text, path, arch, sidecar = fit_on
-        host = sidecar["host"]  # type: ignore[index]
-        peaks = host["measured_peaks"]  # type: ignore[index]
-        dtype = str(sidecar["worker"]["dtype"])  # type: ignore[index]
-        memory = float(host.get("memory_gb", 24.0))  # type: ignore[union-attr]
-        kind = cpu_kind(str(sidecar["hardware"]), peaks, memory, dtype)
-        rows = parse_profile(text)
-        data = measurements(rows, kind)
-        factors = fit_kind(data, arch, kind)
-        median, phases = fit_errors(factors, data, arch, kind)
-        name = f"{path.stem} → {check[1].stem}"
-        for line in row(name, f"tuning ({path.stem}, in-sample)", median, phases):
-            print(line)
-        check_rows = parse_profile(check[0])
-        if check_rows[0].hardware != rows[0].hardware:
-            raise SystemExit(
-                f"{check[1]} was measured on {check_rows[0].hardware}, not {kind.name}"
-            )
-        held = measurements(check_rows, kind)
-        median, phases = fit_errors(factors, held, check[2], kind)
-        for line in row(name, f"held out ({check[1].stem})", median, phases):
-            print(line)
-        print(
-            f"<!-- {name}: kind {kind.name}: {kind.bf16_tflops * 1e3:.1f} GFLOP/s float32, "
-            f"{kind.hbm_tbps * 1e3:.1f} GB/s copy; factors {factors.to_dict()} -->"
-        )
+    print("\n".join(rows))
     return 0
 
 

@@ -86,6 +86,10 @@ def test_fit_on_tp_2_and_4_reports_tp_8_per_kind_and_phase_as_json(
         assert e["factors"] == "fit"
         assert 0 <= e["median_abs_pct"] <= e["p90_abs_pct"]
         assert abs(e["median_bias_pct"]) <= e["p90_abs_pct"]
+    # the tuning rows' error is reported apart from the held-out one, on the rows fitted
+    tuning = {e["phase"]: e for e in out["in_sample"]}
+    assert tuning["decode"]["rows"] == 37 and tuning["prefill"]["rows"] == 25  # TP 2 and 4's
+    assert tuning["decode"]["median_abs_pct"] < decode["median_abs_pct"]
     assert out["fit"][0]["model"] == "llama2-70b" and out["fit"][0]["dtype"] == "bf16"
     factors = out["factors"]["A100-SXM-80GB"]
     assert factors["source"] == "fit" and 0 < factors["gemm_eff"] <= 1

@@ -72,6 +72,11 @@ def test_agent_declared_gpus(tmp_path: Path) -> None:
         ('[[gpus]]\nproduct_name = "H100"\ncount = 0\n', "gpus.count"),
         ("[[gpus]]\ncount = 2\n", "gpus[0]"),
         ('inventory = "guess"\n', "inventory"),
+        ('listen = "0.0.0.0:50052"\n', "advertise_address"),
+        ('listen = "[::]:50052"\n', "advertise_address"),
+        ('worker_host = "10.0.0.7:9000"\n', "worker_host"),
+        ('worker_host = "0.0.0.0"\n', "worker_host"),
+        ("worker_session_callers = 3\n", "worker_session_callers"),
     ],
 )
 def test_bad_agent_config_names_the_key(tmp_path: Path, text: str, named: str) -> None:
@@ -105,7 +110,7 @@ def test_a_models_engine_and_its_arguments(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("model", "named"),
     [
-        ('engine = "sglang"\n', "models.engine 'sglang' is not known"),
+        ('engine = "sglang"\n', "unknown engine 'sglang'"),
         ("[models.engine_args]\nmax_model_len = -1\n", "engine_args.max_model_len"),
         ("[models.engine_args]\nkv_cache_gib = 0\n", "engine_args.kv_cache_gib"),
         ("[models.engine_args]\nblock_size = 16\n", "models[0].engine_args.block_size"),
@@ -116,3 +121,21 @@ def test_a_bad_engine_is_named(tmp_path: Path, model: str, named: str) -> None:
     with pytest.raises(ConfigError) as err:
         daemon_config(write(tmp_path, text), {})
     assert named in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("text", "host"),
+    [
+        ("", "127.0.0.1"),  # the loopback development default, as before
+        ('listen = "198.18.0.11:50052"\n', "198.18.0.11"),
+        (
+            'listen = "0.0.0.0:50052"\nadvertise_address = "h100-7.fleet.lan:50052"\n',
+            "h100-7.fleet.lan",
+        ),
+        ('listen = "10.0.0.7:50052"\nworker_host = "192.0.2.7"\n', "192.0.2.7"),
+        ('worker_host = "[2001:db8::7]"\n', "2001:db8::7"),
+    ],
+)
+def test_workers_listen_where_peers_reach_the_node(tmp_path: Path, text: str, host: str) -> None:
+    """Workers bind and report the node's address: worker_host, else the advertised host."""
+    assert agent_config(write(tmp_path, text), {}).effective_worker_host == host

@@ -1,6 +1,6 @@
 """The Operations API's refusals and bookkeeping, over real gRPC.
 
-Nodes and workers are declared by real gRPC clients speaking the agent protocol (their agent
+Nodes (a declared inventory) and workers are declared by real gRPC clients speaking the agent protocol (their agent
 addresses lead nowhere), so a move that passes validation fails at its first agent call: that
 is used here to check that a failed operation rolls back and says so.
 """
@@ -87,7 +87,14 @@ async def running_daemon(
         for node, (product, gb) in NODES.items():
             gpus = [fpb.Gpu(index=i, product_name=product, memory_bytes=gb * GiB) for i in range(8)]
             await agents.RegisterNode(
-                fpb.RegisterNodeRequest(node_name=node, agent_address="127.0.0.1:1", gpus=gpus)
+                fpb.RegisterNodeRequest(
+                    node_name=node,
+                    agent_address="127.0.0.1:1",
+                    gpus=gpus,
+                    # a declared inventory: the reference engine's TP > 1 workers are nominal
+                    # there (on real GPUs the daemon refuses them, tests/test_engine_tp.py)
+                    inventory_source=fpb.INVENTORY_SOURCE_DECLARED,
+                )
             )
         await fpb_grpc.FleetOperatorStub(ch).CordonNode(
             fpb.CordonNodeRequest(node_name="h100-2", reason="bad fan")

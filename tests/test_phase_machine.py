@@ -27,7 +27,7 @@ from fleetshift_daemon.core.execution import (
     ExecutionSettings,
     Executor,
 )
-from fleetshift_daemon.core.fleet import GpuInfo, Registration
+from fleetshift_daemon.core.fleet import GpuInfo, InventorySource, Registration
 from fleetshift_daemon.core.fleet_client import AgentRef, WorkerLaunch
 from fleetshift_daemon.core.gpus import default_catalogue
 from fleetshift_daemon.core.moves import MovePlanner, MoveRequest
@@ -55,6 +55,7 @@ from .clock import ManualClock
 from .fakefleet import FakeFleet
 
 GiB = 1024**3
+DECLARED = InventorySource.DECLARED
 MODEL = "llama-70b"
 NODES = {
     "h100-a": "NVIDIA H100 80GB HBM3",
@@ -136,7 +137,10 @@ class World:
     def populate(self, daemon: Daemon) -> None:
         for node, product in NODES.items():
             gpus = tuple(GpuInfo(i, product, 80 * GiB) for i in range(8))
-            daemon.registry.register(Registration(node, f"agent-{node}:1", gpus))
+            # declared: a fake fleet has no real GPUs, and its TP-4 reference workers are
+            # nominal (on real GPUs the daemon refuses them, tests/test_engine_tp.py)
+            reg = Registration(node, f"agent-{node}:1", gpus, inventory_source=DECLARED)
+            daemon.registry.register(reg)
         for wid, node, role in (("src", "h100-a", Role.DECODE), ("other", "h200-a", Role.MIXED)):
             endpoint = f"fake://{wid}"
             daemon.workers.add(

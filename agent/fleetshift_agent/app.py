@@ -22,14 +22,14 @@ from fleetshift_agent.membership import Backoff, Membership
 from fleetshift_agent.restore_compat import NodePlatform
 from fleetshift_agent.snapshot import RetentionPolicy, SnapshotStore
 from fleetshift_agent.snapshot.service import SnapshotServicer
-from fleetshift_agent.supervisor import Supervisor, SupervisorSettings
+from fleetshift_agent.supervisor import Supervisor, SupervisorSettings, join_host_port
 from fleetshift_common.config import AgentConfig
 from fleetshift_common.lifecycle import write_port_file
 from fleetshift_common.sdnotify import SdNotifier, watchdog_interval
 from fleetshift_rpc.auth import ServerSecurity, server_security
 from fleetshift_rpc.metrics import AgentMetrics, MetricsEndpoint, start_metrics_server
 from fleetshift_rpc.ratelimit import RateLimit
-from fleetshift_rpc.security import PrincipalKind
+from fleetshift_rpc.security import PrincipalKind, check_plaintext_allowed, parse_callers
 from fleetshift_rpc.server import RunningServer, ServiceBinding, start_server
 
 log = logging.getLogger("fleetshift.agent")
@@ -165,6 +165,10 @@ class Agent:
                 compile_artifacts=cfg.worker_compile_artifacts,
                 threads=cfg.worker_threads,
                 start_timeout_s=cfg.worker_start_timeout_s,
+                host=self._worker_host(),
+                node_name=cfg.node_name,
+                tls=self.security.tls if self.security else None,
+                session_callers=cfg.worker_session_callers,
                 vllm_python=cfg.vllm_python,
             )
         )
@@ -172,6 +176,20 @@ class Agent:
         supervisor.on_change(lambda: self.metrics.set_workers(supervisor.counts()))
         await self.supervisor.adopt()
         await self.supervisor.poll()  # the first heartbeat carries their counters too
+
+    def _worker_host(self) -> str:
+        """Where workers listen (docs/multihost.md): the node's address, checked before any
+        worker exists so that a bad key stops the agent at start with the key named. With
+        TLS the workers present this node's certificate; plaintext stays on loopback."""
+        cfg = self.config
+        host = cfg.effective_worker_host
+        parse_callers(cfg.worker_session_callers)
+        tls = self.security.tls if self.security else None
+        if tls is None:
+            check_plaintext_allowed(join_host_port(host, 0), "worker_host")
+        else:
+            tls.check_host(host, "worker_host")
+        return host
 
     async def _poll_workers(self) -> None:
         assert self.supervisor is not None and self.membership is not None

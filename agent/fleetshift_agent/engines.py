@@ -15,7 +15,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from fleetshift_common.config import ENGINES, ConfigError, EngineArgs
+from fleetshift_common.config import ConfigError, EngineArgs
+from fleetshift_common.engines import ENGINES
 from fleetshift_common.errors import FailedPrecondition, InvalidArgument
 
 REFERENCE, VLLM = "reference", "vllm"
@@ -53,7 +54,8 @@ class EngineSupport:
         """The launch's engine arguments, or a refusal naming what is wrong."""
         if engine not in ENGINES:
             raise InvalidArgument(
-                f"engine {engine!r} is not known to this agent; it runs {', '.join(ENGINES)}",
+                f"engine {engine!r} is not known to this agent; it runs "
+                f"{', '.join(sorted(ENGINES))}",
                 field="engine",
             )
         try:

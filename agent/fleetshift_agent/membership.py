@@ -5,6 +5,12 @@ or restarting is retried with capped exponential backoff and jitter; a daemon th
 NOT_FOUND to a heartbeat has lost or never had this node (a wiped database, a new replica) and
 is simply registered with again. Registration is idempotent on the daemon's side, so no
 operator action is ever needed after a restart of either process.
+
+``daemon_address`` may list several daemon replicas ("a:1,b:2,c:3"). The agent then keeps one
+such loop per replica: every replica hears every heartbeat, so each one's in-memory view
+(liveness, counters, sessions, which Route and LocateSession read) is current, the leader's
+liveness sweep never depends on which replica an agent picked, and a takeover needs no
+redirect: the new leader has been hearing the agents all along (docs/replicas.md).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import grpc
 
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
+from fleetshift_common.config import split_addresses
 from fleetshift_rpc.server import channel
 
 log = logging.getLogger("fleetshift.agent.membership")
@@ -58,7 +65,9 @@ class Membership:
         heartbeat_sent: Callable[[pb.HeartbeatRequest], None] = lambda request: None,
         report_lock: asyncio.Lock | None = None,
     ) -> None:
-        self._address = daemon_address
+        self._addresses = split_addresses(daemon_address)
+        self._registered_with: set[str] = set()
+        self._heard: dict[str, set[tuple[str, int]]] = {}  # per replica: reports it has heard
         self._registration = registration
         self._heartbeat = heartbeat
         self._backoff = backoff
@@ -73,55 +82,104 @@ class Membership:
         self.interval_s = 1.0  # the heartbeat interval the daemon asked for at registration
 
     async def run(self) -> None:
-        async with channel(self._address, self._max_message_bytes, self._credentials) as ch:
+        await asyncio.gather(*(self._run_one(address) for address in self._addresses))
+
+    def _set_registered(self, address: str, registered: bool) -> None:
+        """``registered`` is set while at least one replica has this node."""
+        if registered:
+            self._registered_with.add(address)
+            self.registered.set()
+        else:
+            self._registered_with.discard(address)
+            if not self._registered_with:
+                self.registered.clear()
+
+    async def _run_one(self, address: str) -> None:
+        # The channel redials a restarted daemon within the agent's own backoff: gRPC's
+        # default (growing to 120 s) left agents unregistered past node_lost_after_s.
+        async with channel(
+            address,
+            self._max_message_bytes,
+            self._credentials,
+            reconnect_max_s=self._backoff.max_s,
+        ) as ch:
             stub = pb_grpc.AgentRegistryStub(ch)
             delays = self._backoff.delays()
             while True:
                 try:
-                    interval = await self._register(stub)
+                    interval = await self._register(stub, address)
                     delays = self._backoff.delays()
-                    await self._heartbeat_until_lost(stub, interval)
+                    await self._heartbeat_until_lost(stub, interval, address)
                 except grpc.aio.AioRpcError as err:
-                    self.registered.clear()
+                    self._set_registered(address, False)
                     delay = delays.next()
                     log.warning(
                         "daemon unreachable (%s); retrying in %.1fs",
                         err.code().name,
                         delay,
-                        extra={"daemon": self._address},
+                        extra={"daemon": address},
                     )
                     await asyncio.sleep(delay)
                 except Exception:  # a bug must not silently end membership: log and go on
-                    self.registered.clear()
+                    self._set_registered(address, False)
                     log.exception("membership loop failed; retrying")
                     await asyncio.sleep(delays.next())
 
-    async def _register(self, stub: pb_grpc.AgentRegistryStub) -> float:
+    async def _register(self, stub: pb_grpc.AgentRegistryStub, address: str) -> float:
         reply = await stub.RegisterNode(self._registration(), timeout=RPC_TIMEOUT_S)
         self.registrations += 1
-        self.registered.set()
+        self._set_registered(address, True)
         log.info(
             "registered with the daemon",
-            extra={"node": reply.node.name, "new_node": reply.created, "daemon": self._address},
+            extra={"node": reply.node.name, "new_node": reply.created, "daemon": address},
         )
         self.interval_s = max(reply.heartbeat_interval_ms, 100) / 1000
         return self.interval_s
 
-    async def _send_heartbeat(self, stub: pb_grpc.AgentRegistryStub) -> None:
+    async def _send_heartbeat(self, stub: pb_grpc.AgentRegistryStub, address: str) -> None:
+        # With several replicas the lock is shared by all their loops: one that does not
+        # answer must not hold the others (and worker starts) for the full RPC timeout.
+        timeout = RPC_TIMEOUT_S if len(self._addresses) == 1 else min(RPC_TIMEOUT_S, 1.0)
         async with self._report_lock:
             request = self._heartbeat()
-            await stub.Heartbeat(request, timeout=RPC_TIMEOUT_S)
-            self._heartbeat_sent(request)
+            await stub.Heartbeat(request, timeout=timeout)
+            self._acknowledged(address, request)
 
-    async def _heartbeat_until_lost(self, stub: pb_grpc.AgentRegistryStub, interval: float) -> None:
+    def _acknowledged(self, address: str, request: pb.HeartbeatRequest) -> None:
+        """Tell the supervisor which reports the daemon side has heard: with replicas, only
+        those every replica this node is registered with has heard (the leader among them), so
+        an ended worker is not forgotten before the leader learns how it ended."""
+        if len(self._addresses) == 1:
+            self._heartbeat_sent(request)
+            return
+        heard = self._heard.setdefault(address, set())
+        heard.update((w.worker_id, w.state) for w in request.workers)
+        everywhere = set.intersection(*(self._heard.get(a, set()) for a in self._registered_with))
+        if not everywhere:
+            return
+        self._heartbeat_sent(
+            pb.HeartbeatRequest(
+                node_name=request.node_name,
+                workers=[w for w in request.workers if (w.worker_id, w.state) in everywhere],
+            )
+        )
+        for seen in self._heard.values():
+            seen -= everywhere
+
+    async def _heartbeat_until_lost(
+        self, stub: pb_grpc.AgentRegistryStub, interval: float, address: str
+    ) -> None:
         """Returns when the daemon no longer knows the node; raises when it is unreachable."""
         while True:
             await asyncio.sleep(interval)
             try:
-                await self._send_heartbeat(stub)
+                await self._send_heartbeat(stub, address)
             except grpc.aio.AioRpcError as err:
                 if err.code() == grpc.StatusCode.NOT_FOUND:
-                    log.warning("daemon does not know this node; registering again")
-                    self.registered.clear()
+                    log.warning(
+                        "daemon does not know this node; registering again",
+                        extra={"daemon": address},
+                    )
+                    self._set_registered(address, False)
                     return
                 raise

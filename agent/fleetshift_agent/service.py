@@ -94,7 +94,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 size = self._store.summary(launch.origin_snapshot).size_bytes
                 self._metrics.snapshot_restored(time.monotonic() - started, size)
                 key = self._store.get(launch.origin_snapshot).key  # still held: not deleted
-                status.restore_compat = await _restore_verdict(key, worker.endpoint)
+                status.restore_compat = await _restore_verdict(
+                    key, self._supervisor.settings.channel(worker.endpoint)
+                )
         return status
 
     def _launch(self, request: agent_pb2.StartWorkerRequest, held: ExitStack) -> WorkerLaunch:
@@ -232,10 +234,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         return report.bytes_received
 
 
-async def _restore_verdict(snapshot: CompatKey, endpoint: str) -> str:
+async def _restore_verdict(snapshot: CompatKey, worker: grpc.aio.Channel) -> str:
     """The restore that happened: the snapshot's key against the started worker's own."""
     try:
-        async with grpc.aio.insecure_channel(endpoint) as ch:
+        async with worker as ch:
             info = await wpb_grpc.WorkerServiceStub(ch).GetInfo(
                 wpb.GetWorkerInfoRequest(), timeout=10
             )

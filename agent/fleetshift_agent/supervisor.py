@@ -47,6 +47,7 @@ from fleetshift_common.failpoints import Failpoints
 from fleetshift_common.sdnotify import child_environ
 from fleetshift_common.vocabulary import WorkerState
 from fleetshift_rpc.errors import peer_error
+from fleetshift_rpc.security import TlsFiles
 
 log = logging.getLogger("fleetshift.agent.supervisor")
 
@@ -82,6 +83,8 @@ class WorkerProcess:
     port: int  # 0 until the worker serves
     started_at: float
     state: str = STARTING
+    # The node address the worker listens on (records written before it existed: loopback).
+    host: str = "127.0.0.1"
 
     @property
     def worker_id(self) -> str:
@@ -89,7 +92,9 @@ class WorkerProcess:
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}" if self.port else ""
+        """What the daemon, Route's clients and this agent dial: reachable from other hosts
+        whenever ``host`` is the node's address."""
+        return join_host_port(self.host, self.port) if self.port else ""
 
 
 @dataclass
@@ -115,6 +120,19 @@ class SupervisorSettings:
     threads: int = 0
     start_timeout_s: float = 300.0
     vllm_python: str = ""  # the interpreter of vLLM workers' servers; empty: this one
+    # Where workers listen: the node's address its peers reach (docs/multihost.md). With TLS
+    # they present the node's certificate (``tls``) and take control calls from the daemon
+    # and this agent only; plaintext is loopback development.
+    host: str = "127.0.0.1"
+    node_name: str = ""
+    tls: TlsFiles | None = None
+    session_callers: tuple[str, ...] = ()
+
+    def channel(self, endpoint: str) -> grpc.aio.Channel:
+        """A channel from this agent to one of its workers, as the node (mTLS) when set."""
+        if self.tls is None:
+            return grpc.aio.insecure_channel(endpoint)
+        return grpc.aio.secure_channel(endpoint, self.tls.channel_credentials())
 
 
 @dataclass
@@ -210,6 +228,12 @@ class Supervisor:
                 "one rank; set the model's tp_options = [1]",
                 field="tensor_parallel",
             )
+        if self.settings.tls is not None:
+            raise FailedPrecondition(
+                "engine 'vllm': a vLLM worker does not serve TLS yet, and this node's workers "
+                "must; run vLLM models on plaintext (loopback) nodes for now",
+                field="engine",
+            )
         if launch.restore_from:
             raise FailedPrecondition(
                 "restore_snapshot_id: a vLLM worker starts from its model directory; this "
@@ -224,7 +248,7 @@ class Supervisor:
         port_file.unlink(missing_ok=True)
         self._gone.pop(launch.worker_id, None)
         proc = self._spawn(launch, port_file)
-        worker = WorkerProcess(launch, proc.pid, 0, time.time())
+        worker = WorkerProcess(launch, proc.pid, 0, time.time(), host=self.settings.host)
         self._procs[launch.worker_id] = proc
         self._record(worker)  # before it serves: a restarted agent must know the pid
         self._changed()
@@ -255,8 +279,9 @@ class Supervisor:
         s = self.settings
         args = [
             sys.executable, "-m", "fleetshift_agent.worker",
-            "--listen", "127.0.0.1:0",
+            "--listen", join_host_port(s.host, 0),
             "--port-file", str(port_file),
+            "--node-name", s.node_name,
             "--worker-id", launch.worker_id,
             "--role", launch.role,
             "--model-id", launch.model,
@@ -274,6 +299,10 @@ class Supervisor:
             args += ["--threads", str(s.threads)]
         if s.cuda:
             args += ["--device", "cuda"]
+        if s.tls is not None:
+            args += ["--tls-cert", s.tls.cert, "--tls-key", s.tls.key, "--tls-ca", s.tls.ca]
+        for caller in s.session_callers:
+            args += ["--session-caller", caller]
         return args
 
     def _vllm_args(self, launch: WorkerLaunch, port_file: Path) -> list[str]:
@@ -281,7 +310,7 @@ class Supervisor:
         s = self.settings
         args = [
             sys.executable, "-m", "fleetshift_agent.vllm_worker",
-            "--listen", "127.0.0.1:0",
+            "--listen", join_host_port(s.host, 0),
             "--port-file", str(port_file),
             "--worker-id", launch.worker_id,
             "--role", launch.role,
@@ -370,7 +399,7 @@ class Supervisor:
             if worker is None or not _alive(worker.pid):
                 record.unlink(missing_ok=True)
                 continue
-            if not await _is_worker(worker):
+            if not await _is_worker(worker, self.settings):
                 log.warning("dropping stale worker record", extra={"worker": record.stem})
                 record.unlink(missing_ok=True)
                 continue
@@ -415,7 +444,7 @@ class Supervisor:
             return
         live = self.live.setdefault(worker.worker_id, WorkerLive())
         try:
-            async with grpc.aio.insecure_channel(worker.endpoint) as ch:
+            async with self.settings.channel(worker.endpoint) as ch:
                 stub = wpb_grpc.WorkerServiceStub(ch)
                 counters, info = await asyncio.gather(
                     stub.GetCounters(wpb.GetWorkerCountersRequest(), timeout=POLL_TIMEOUT_S),
@@ -474,7 +503,7 @@ class Supervisor:
         worker = self.serving(worker_id)
         request = wpb.WorkerSnapshotRequest(dir=str(root), snapshot_id=snapshot_id)
         try:
-            async with grpc.aio.insecure_channel(worker.endpoint) as ch:
+            async with self.settings.channel(worker.endpoint) as ch:
                 stub = wpb_grpc.WorkerServiceStub(ch)
                 reply = await stub.Snapshot(request, timeout=SNAPSHOT_TIMEOUT_S)
         except grpc.aio.AioRpcError as err:
@@ -500,6 +529,11 @@ _WORKER_PASSES = frozenset(
 
 def _from_status(err: grpc.aio.AioRpcError, worker_id: str) -> FleetShiftError:
     return peer_error(err, f"worker {worker_id!r}", passes=_WORKER_PASSES, default=Unavailable)
+
+
+def join_host_port(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 literal in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _by_id(workers: Iterable[WorkerProcess]) -> list[WorkerProcess]:
@@ -539,7 +573,7 @@ def _tail(path: Path, lines: int = 5) -> str:
     return "(no log)"
 
 
-async def _is_worker(worker: WorkerProcess) -> bool:
+async def _is_worker(worker: WorkerProcess, settings: SupervisorSettings) -> bool:
     """Is ``worker.pid`` still that worker (and not a reused pid)?"""
     try:
         argv = Path(f"/proc/{worker.pid}/cmdline").read_bytes().split(b"\0")
@@ -551,7 +585,7 @@ async def _is_worker(worker: WorkerProcess) -> bool:
     if not worker.port:  # no /proc and no port: nothing to ask
         return False
     try:
-        async with grpc.aio.insecure_channel(worker.endpoint) as ch:
+        async with settings.channel(worker.endpoint) as ch:
             stub = wpb_grpc.WorkerServiceStub(ch)
             info = await stub.GetInfo(wpb.GetWorkerInfoRequest(), timeout=POLL_TIMEOUT_S)
     except grpc.aio.AioRpcError:

@@ -9,6 +9,7 @@ rewriting the file; they are parsed with the same type rules as the TOML values.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fleetshift_common.engines import ENGINES, REFERENCE
 from fleetshift_common.errors import InvalidArgument
 
 
@@ -40,6 +42,31 @@ def _check_address(name: str, value: str) -> None:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"config key '{name}' must be host:port, got {value!r}", field=name)
+
+
+def split_addresses(value: str) -> list[str]:
+    """``"a:1, b:2"`` -> ``["a:1", "b:2"]``: a daemon address may list every replica."""
+    addresses = [a.strip() for a in value.split(",") if a.strip()]
+    return addresses or [value]
+
+
+def _unspecified(host: str) -> bool:
+    """0.0.0.0 / :: / empty: a bind-everything address, never one a peer can dial."""
+    return host.strip("[]") in ("", "0.0.0.0", "::")
+
+
+def _dialable_host(host: str) -> bool:
+    """A host name or an IP literal (IPv6 with or without brackets), not a bind-all address
+    and not ``host:port``."""
+    if _unspecified(host) or any(c.isspace() for c in host):
+        return False
+    if ":" not in host:
+        return True
+    try:
+        ipaddress.IPv6Address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def _check_optional_addresses(config: object, names: tuple[str, ...]) -> None:
@@ -79,9 +106,6 @@ class GpuPrice:
 
     def __post_init__(self) -> None:
         _check_positive("gpu_prices.per_hour", self.per_hour)
-
-
-ENGINES = ("reference", "vllm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,13 +153,6 @@ class EngineArgs:
         return result
 
 
-def check_engine(name: str, field: str = "engine") -> str:
-    """The engine's name, or a refusal naming the known ones."""
-    if name not in ENGINES:
-        raise ConfigError(f"{field} {name!r} is not known; use one of {ENGINES}", field=field)
-    return name
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """A model the fleet serves: its architecture (HF config.json or a named preset) and SLOs."""
@@ -149,14 +166,21 @@ class ModelConfig:
     slo_ttft_ms: float = 2000.0
     slo_tbt_ms: float = 100.0
     model_dir: str = ""  # where agents load the weights from (the reference engine's directory)
-    # Which engine runs this model's workers, and its arguments (docs/vllm.md).
-    engine: str = "reference"
+    # The engine that serves it (``fleetshift_common.engines``): it decides which tp_options
+    # are real on GPUs; the daemon refuses the others there and labels them on declared fleets.
+    engine: str = REFERENCE
+    # That engine's arguments (docs/vllm.md); the reference engine takes none.
     engine_args: EngineArgs = EngineArgs()
 
     def __post_init__(self) -> None:
-        check_engine(self.engine, "models.engine")
         if not self.name.strip():
             raise ConfigError("models.name must not be empty", field="models.name")
+        if self.engine not in ENGINES:
+            raise ConfigError(
+                f"model {self.name!r}: unknown engine {self.engine!r} "
+                f"(known: {', '.join(sorted(ENGINES))})",
+                field="models.engine",
+            )
         if bool(self.hf_config) == bool(self.preset):
             raise ConfigError(
                 f"model {self.name!r}: set exactly one of hf_config and preset",
@@ -193,6 +217,28 @@ class PlannerSettings:
                 raise ConfigError(f"planner.{key} must be >= 0", field=f"planner.{key}")
         if not 0 < self.threshold <= 1:
             raise ConfigError("planner.threshold must be in (0, 1]", field="planner.threshold")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaSettings:
+    """Daemon replicas on one PostgreSQL database (docs/replicas.md); SQLite: one daemon."""
+
+    advertise_address: str = ""  # what other replicas forward to; empty: the bound listen address
+    lease_ttl_s: float = 5.0  # a leader's lease, on the database's clock
+    renew_interval_s: float = 1.0  # renewals (leader) and takeover attempts (followers)
+    renew_deadline_s: float = 3.5  # a leader that could not renew for this long stops acting
+    view_refresh_s: float = 0.5  # how often a follower re-reads the database into its view
+
+    def __post_init__(self) -> None:
+        if not 0 < self.renew_interval_s < self.renew_deadline_s < self.lease_ttl_s:
+            raise ConfigError(
+                "replicas: need 0 < renew_interval_s < renew_deadline_s < lease_ttl_s, got "
+                f"{self.renew_interval_s} / {self.renew_deadline_s} / {self.lease_ttl_s}",
+                field="replicas",
+            )
+        _check_positive("replicas.view_refresh_s", self.view_refresh_s)
+        if self.advertise_address:
+            _check_address("replicas.advertise_address", self.advertise_address)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +280,7 @@ class DaemonConfig(ProcessKeys):
     gpu_prices: tuple[GpuPrice, ...] = ()
     operator_listen: str = ""  # TLS-only port for operators with bearer tokens
     operator_tokens_file: str = ""
+    replicas: ReplicaSettings = ReplicaSettings()
 
     def __post_init__(self) -> None:
         _check_address("listen", self.listen)
@@ -258,7 +305,7 @@ class AgentConfig(ProcessKeys):
     node_name: str = dataclasses.field(default_factory=socket.gethostname)
     listen: str = "127.0.0.1:50052"
     advertise_address: str = ""  # what the daemon dials; empty: the bound listen address
-    daemon_address: str = "127.0.0.1:50051"
+    daemon_address: str = "127.0.0.1:50051"  # or every replica, comma-separated (docs/replicas.md)
     state_dir: str = "/var/lib/fleetshift-agent"
     inventory: str = "auto"  # auto: NVML if present else declared | nvml | declared
     gpus: tuple[DeclaredGpu, ...] = ()
@@ -268,6 +315,13 @@ class AgentConfig(ProcessKeys):
     worker_compile: bool = True
     worker_threads: int = 0  # torch threads per worker; 0: torch's default
     worker_start_timeout_s: float = 300.0  # StartWorker fails if the worker is not serving by then
+    # The address this node's workers listen on and report (docs/multihost.md); empty: the
+    # host of advertise_address, else of listen. It must be one the daemon, the other agents
+    # and Route's clients can dial, and, under TLS, a SAN of the node's certificate.
+    worker_host: str = ""
+    # Certificate identities allowed to open sessions on this node's workers, as
+    # '<kind>:<name>' or '<kind>:*' (docs/security.md); control calls are never theirs.
+    worker_session_callers: tuple[str, ...] = ("router:*",)
     # The interpreter that runs vLLM workers' servers (engine "vllm"); empty: the agent's own.
     # A separate virtualenv keeps vLLM's pins (its torch, its transformers) apart (docs/vllm.md).
     vllm_python: str = ""
@@ -282,10 +336,23 @@ class AgentConfig(ProcessKeys):
 
     def __post_init__(self) -> None:
         _check_address("listen", self.listen)
-        _check_address("daemon_address", self.daemon_address)
+        for address in split_addresses(self.daemon_address):  # several: daemon replicas
+            _check_address("daemon_address", address)
         self._check_process_keys()
         if self.advertise_address:
             _check_address("advertise_address", self.advertise_address)
+        if not self.advertise_address and _unspecified(self.listen.rpartition(":")[0]):
+            raise ConfigError(
+                f"config key 'listen' = {self.listen!r} binds every address, which no peer "
+                "can dial: set advertise_address to the address the daemon reaches",
+                field="advertise_address",
+            )
+        if self.worker_host and not _dialable_host(self.worker_host):
+            raise ConfigError(
+                f"config key 'worker_host' = {self.worker_host!r} must be one address peers "
+                "can dial (a host name or IP, without a port)",
+                field="worker_host",
+            )
         if self.inventory not in ("auto", "nvml", "declared"):
             raise ConfigError(
                 "config key 'inventory' must be auto, nvml or declared", field="inventory"
@@ -299,6 +366,14 @@ class AgentConfig(ProcessKeys):
         for name in ("snapshot_keep_last_per_model", "snapshot_max_age_s", "snapshot_max_total_gb"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config key '{name}' must be >= 0 (0: off)", field=name)
+
+    @property
+    def effective_worker_host(self) -> str:
+        """Where this node's workers listen and what their endpoints name: ``worker_host``,
+        else the host the daemon dials this agent at."""
+        if self.worker_host:
+            return self.worker_host.strip("[]")
+        return (self.advertise_address or self.listen).rpartition(":")[0].strip("[]")
 
 
 def load_config(cls: type[T], path: str | Path | None, env: Mapping[str, str], prefix: str) -> T:

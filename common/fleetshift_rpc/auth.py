@@ -33,6 +33,7 @@ from fleetshift_rpc.security import (
     bearer_token,
     check_plaintext_allowed,
     is_loopback_peer,
+    parse_callers,
     peer_host,
     peer_principal,
     reset_principal,
@@ -53,6 +54,9 @@ class Access(enum.Enum):
     OPERATOR_READ = "operator-read"  # reading the fleet
     OPERATOR_WRITE = "operator-write"  # changing the fleet
     ROUTE = "route"  # the request router's hot path: authenticated, not rate-limited
+    # A client's token stream on a worker: only the callers the operator listed
+    # (``AuthPolicy.session_callers``, the agent's ``worker_session_callers``).
+    SESSION = "session"
 
 
 _K = PrincipalKind
@@ -65,6 +69,7 @@ ALLOWED: Mapping[Access, frozenset[PrincipalKind]] = types.MappingProxyType(
         Access.OPERATOR_READ: frozenset({_K.OPERATOR, _K.DAEMON}),
         Access.OPERATOR_WRITE: frozenset({_K.OPERATOR}),
         Access.ROUTE: frozenset({_K.ROUTER, _K.OPERATOR}),
+        Access.SESSION: frozenset(),  # by kind nobody: the policy's session_callers decide
     }
 )
 READ_ONLY = frozenset({Access.FLEET_READ, Access.OPERATOR_READ})
@@ -113,6 +118,7 @@ METHOD_ACCESS: Mapping[str, Access] = types.MappingProxyType(
         "/fleetshift.v1.SnapshotService/DeleteSnapshot": _A.FLEET,
         "/fleetshift.v1.WorkerService/GetCounters": _A.FLEET_READ,
         "/fleetshift.v1.WorkerService/GetInfo": _A.FLEET_READ,
+        "/fleetshift.v1.WorkerService/Generate": _A.SESSION,
         "/fleetshift.v1.WorkerService/*": _A.FLEET,
     }
 )
@@ -126,7 +132,13 @@ class AuthPolicy:
     default_access: Access = Access.OPERATOR_WRITE
     # Per-caller limits protect the fleet from one runaway client; the router legitimately
     # calls Route thousands of times a second, so its class is exempt.
-    unlimited: frozenset[Access] = frozenset({Access.ROUTE})
+    unlimited: frozenset[Access] = frozenset({Access.ROUTE, Access.SESSION})
+    # On a worker's port: the one node whose certificate is trusted (the worker's own agent).
+    # Another node's agent must not pause, export or cancel this node's sessions.
+    node_scope: str = ""
+    # Who may open and follow sessions (``Access.SESSION``): (kind, name) pairs, name "*" for
+    # any certificate of that kind from the fleet CA.
+    session_callers: frozenset[tuple[PrincipalKind, str]] = frozenset()
 
     def access_for(self, method: str) -> Access:
         exact = self.method_access.get(method)
@@ -140,7 +152,22 @@ class AuthPolicy:
             return True
         if principal.kind is PrincipalKind.ANONYMOUS:
             return access is Access.PUBLIC or (self.read_only_open and access in READ_ONLY)
+        if self.foreign_node(principal):
+            return access is Access.PUBLIC
+        if access is Access.SESSION:
+            return any(
+                kind is principal.kind and name in ("*", principal.name)
+                for kind, name in self.session_callers
+            )
         return principal.kind in ALLOWED[access]
+
+    def foreign_node(self, principal: Principal) -> bool:
+        """A node's certificate on a port scoped to another node (a worker of that node)."""
+        return bool(
+            self.node_scope
+            and principal.kind is PrincipalKind.NODE
+            and principal.name != self.node_scope
+        )
 
 
 @dataclass(frozen=True)
@@ -235,6 +262,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if principal.kind is PrincipalKind.ANONYMOUS:
             return Refusal(
                 grpc.StatusCode.UNAUTHENTICATED, _unauthenticated(method, access, principal)
+            )
+        if self._policy.foreign_node(principal):
+            return Refusal(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{principal.label} may not call {method}: this worker belongs to node "
+                f"'{self._policy.node_scope}' and takes control calls from its own agent "
+                "and the daemon only",
             )
         return Refusal(
             grpc.StatusCode.PERMISSION_DENIED,
@@ -368,5 +402,32 @@ def server_security(
             tls.server_credentials(require_client_cert=False) if tls and operator_listen else None
         ),
         interceptors=(interceptor,),
+        tls=tls,
+    )
+
+
+def worker_security(
+    *,
+    listen: str,
+    node_name: str,
+    tls: TlsFiles | None,
+    session_callers: tuple[str, ...] = (),
+) -> ServerSecurity:
+    """A worker's port: mTLS with its node's certificate, control calls from the daemon and
+    that node's own agent only, sessions from the listed callers; or, without TLS, plaintext
+    on loopback (refused elsewhere, and said loudly at start).
+
+    No rate limit: a worker's callers are the fleet's own machines and the router, which
+    legitimately opens sessions as fast as clients arrive; the daemon's and the agent's
+    limits protect the fleet from a runaway client."""
+    if tls is None:
+        check_plaintext_allowed(listen, "listen")
+    else:
+        tls.check_identity(PrincipalKind.NODE, node_name)
+    policy = AuthPolicy(node_scope=node_name, session_callers=parse_callers(session_callers))
+    return ServerSecurity(
+        credentials=tls.server_credentials() if tls else None,
+        operator_credentials=None,
+        interceptors=(AuthInterceptor(policy),),
         tls=tls,
     )

@@ -350,6 +350,49 @@ class TlsFiles:
                 field=key,
             )
 
+    def check_host(self, host: str, key: str) -> None:
+        """Refuse to start when peers dialling ``host`` could not verify this certificate:
+        every TLS client checks the address it dialled against the certificate's SANs, so a
+        node whose workers serve on an address its certificate does not name would start
+        fine and then fail every move with a handshake error far from the cause."""
+        ips, names = _san_values(Path(self.cert).read_bytes())
+        try:
+            ok = ipaddress.ip_address(host) in ips
+        except ValueError:
+            ok = any(_dns_matches(host, name) for name in names)
+        if not ok:
+            named = ", ".join([*map(str, ips), *names]) or "no address"
+            raise ConfigError(
+                f"config key '{key}': peers dial {host!r}, which certificate {self.cert} does "
+                f"not name (it names {named}); issue it with --san-ip or --san-dns {host}",
+                field=key,
+            )
+
+
+def _san_values(
+    pem: bytes,
+) -> tuple[list[ipaddress.IPv4Address | ipaddress.IPv6Address], list[str]]:
+    cert = x509.load_pem_x509_certificate(pem)
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return [], []
+    ips = [
+        ip
+        for ip in sans.get_values_for_type(x509.IPAddress)
+        if not isinstance(ip, ipaddress.IPv4Network | ipaddress.IPv6Network)
+    ]
+    return ips, list(sans.get_values_for_type(x509.DNSName))
+
+
+def _dns_matches(host: str, name: str) -> bool:
+    """RFC 6125's rule as TLS stacks apply it: exact, or ``*.`` matching one leftmost label."""
+    host, name = host.lower().rstrip("."), name.lower().rstrip(".")
+    if name.startswith("*."):
+        label, _, rest = host.partition(".")
+        return bool(label) and rest == name[2:]
+    return host == name
+
 
 def client_credentials(
     ca: str, cert: str = "", key: str = "", token: str = ""
@@ -369,6 +412,26 @@ def client_credentials(
     if token:
         creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
     return creds
+
+
+def parse_callers(
+    patterns: Iterable[str], key: str = "worker_session_callers"
+) -> frozenset[tuple[PrincipalKind, str]]:
+    """``["router:*", "operator:alice"]`` -> {(ROUTER, "*"), (OPERATOR, "alice")}: the
+    certificate identities an operator lets open sessions on a node's workers. A pattern of
+    an unknown kind, or without a name, stops the process at start with the key named."""
+    by_value = {k.value: k for k in CERTIFICATE_KINDS}
+    parsed: set[tuple[PrincipalKind, str]] = set()
+    for pattern in patterns:
+        kind, sep, name = pattern.partition(":")
+        if not sep or kind not in by_value or not name or "/" in name:
+            raise ConfigError(
+                f"config key '{key}': {pattern!r} must be '<kind>:<name>' or '<kind>:*' with "
+                f"kind one of {', '.join(by_value)}",
+                field=key,
+            )
+        parsed.add((by_value[kind], name))
+    return frozenset(parsed)
 
 
 def check_plaintext_allowed(listen: str, key: str = "listen") -> None:

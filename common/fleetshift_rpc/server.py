@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from fleetshift_rpc.replicas import aio_daemon_channel, is_replica_list
 from fleetshift_rpc.validation import RequestBounds
 
 
@@ -95,8 +96,19 @@ def channel(
     address: str,
     max_message_bytes: int,
     credentials: grpc.ChannelCredentials | None = None,
+    reconnect_max_s: float | None = None,
 ) -> grpc.aio.Channel:
+    """``reconnect_max_s`` caps gRPC's own reconnect backoff (up to 120 s by default), which
+    otherwise decides, behind the caller's retry loop, when a restarted peer is dialled again."""
+    if is_replica_list(address):  # several daemon replicas: one channel that fails over
+        return aio_daemon_channel(address, max_message_bytes, credentials)
     options = message_options(max_message_bytes)
+    if reconnect_max_s is not None:
+        cap_ms = max(100, int(reconnect_max_s * 1000))
+        options += [
+            ("grpc.initial_reconnect_backoff_ms", min(1000, cap_ms)),
+            ("grpc.max_reconnect_backoff_ms", cap_ms),
+        ]
     if credentials is None:
         return grpc.aio.insecure_channel(address, options=options)
     return grpc.aio.secure_channel(address, credentials, options=options)

@@ -11,8 +11,10 @@ fleet's router (or any client library) does; tests use it to prove no token is l
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeVar
 
 import grpc
 
@@ -35,6 +37,22 @@ class SessionLost(Exception):
     pass
 
 
+_Stub = TypeVar("_Stub")
+_stubs: weakref.WeakKeyDictionary[grpc.aio.Channel, dict[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def stub(cls: Callable[[grpc.aio.Channel], _Stub], channel: grpc.aio.Channel) -> _Stub:
+    """One stub per (class, channel), kept as long as the channel lives: building a stub
+    builds a callable per method (a dozen for the worker service), which a caller streaming
+    every request through long-lived channels (the HTTP gateway) would pay per request."""
+    per_channel = _stubs.setdefault(channel, {})
+    made = per_channel.get(cls)
+    if made is None:
+        made = per_channel[cls] = cls(channel)
+    result: _Stub = made
+    return result
+
+
 async def follow_session(
     daemon: grpc.aio.Channel,
     endpoint: str,
@@ -43,17 +61,20 @@ async def follow_session(
     relocate_timeout_s: float = 120.0,
     max_message_bytes: int = 64 << 20,
     channel_for: ChannelFor | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> AsyncIterator[worker_pb2.GenerateResponse]:
     """Yield the session's tokens in order, re-attaching after each move, until it finishes.
 
     ``channel_for`` lets a long-lived caller (the HTTP gateway) reuse one channel per worker
-    instead of connecting afresh for every stream."""
-    locator = operations_pb2_grpc.OperationsStub(daemon)
+    instead of connecting afresh for every stream. ``credentials`` are what a fresh channel
+    dials workers with: on a fleet with TLS, a certificate the workers' nodes list in
+    ``worker_session_callers`` (a router's, by default)."""
+    locator = stub(operations_pb2_grpc.OperationsStub, daemon)
     session_id, received, first = request.session_id, 0, True
     loop = asyncio.get_running_loop()
     lost_since: float | None = None  # a session that stays unreachable this long is lost
     options = [("grpc.max_receive_message_length", max_message_bytes)]
-    connect = channel_for or (lambda ep: grpc.aio.insecure_channel(ep, options=options))
+    connect = channel_for or (lambda ep: _dial(ep, options, credentials))
     while True:
         call_request = (
             request
@@ -64,7 +85,7 @@ async def follow_session(
         )
         try:
             async with connect(endpoint) as ch:
-                async for msg in worker_pb2_grpc.WorkerServiceStub(ch).Generate(call_request):
+                async for msg in stub(worker_pb2_grpc.WorkerServiceStub, ch).Generate(call_request):
                     first = False
                     session_id = msg.session_id
                     lost_since = None
@@ -100,6 +121,7 @@ async def routed_session(
     relocate_timeout_s: float = 120.0,
     max_message_bytes: int = 64 << 20,
     channel_for: ChannelFor | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> AsyncIterator[worker_pb2.GenerateResponse]:
     """A new session on the worker the daemon routes it to, followed across moves.
 
@@ -110,7 +132,7 @@ async def routed_session(
     first is marked ``reroute``, so the daemon's traffic mix counts the request once (set it
     on ``route`` too when ``endpoint`` came from a Route call for this same request).
     """
-    placement = placement_pb2_grpc.PlacementStub(daemon)
+    placement = stub(placement_pb2_grpc.PlacementStub, daemon)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + reroute_timeout_s
     again = placement_pb2.RouteRequest()
@@ -129,6 +151,7 @@ async def routed_session(
                 relocate_timeout_s=relocate_timeout_s,
                 max_message_bytes=max_message_bytes,
                 channel_for=channel_for,
+                credentials=credentials,
             ):
                 started = True
                 yield msg
@@ -138,6 +161,14 @@ async def routed_session(
                 raise
         endpoint = ""
         await asyncio.sleep(0.05)
+
+
+def _dial(
+    endpoint: str, options: list[tuple[str, int]], credentials: grpc.ChannelCredentials | None
+) -> grpc.aio.Channel:
+    if credentials is None:
+        return grpc.aio.insecure_channel(endpoint, options=options)
+    return grpc.aio.secure_channel(endpoint, credentials, options=options)
 
 
 async def _locate(

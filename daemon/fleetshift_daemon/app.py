@@ -5,6 +5,12 @@ systemd watchdog) is created and stopped here, in one order, so no module holds 
 Readiness is announced (health SERVING, sd_notify READY, port file) only after the schema is
 upgraded and the registry is loaded: a client that sees the daemon ready sees every node.
 
+Replicas (docs/replicas.md): on PostgreSQL several daemons share the database and the one
+holding the lease (``replicas.py``) runs the executor, the planner and the liveness sweep; the
+others serve reads and heartbeats from a view they refresh, and pass calls that change the
+fleet to the leader (``api/leader_gate.py``). On SQLite the one daemon leads from its start,
+exactly as before; a second one is refused.
+
 Every background job (liveness sweep, planning pass, watchdog) runs as a named task that
 ``stop`` cancels and awaits before the database is disposed; blocking work inside them runs
 through ``in_thread``, which lets a thread end its write even when its task is cancelled, so
@@ -19,7 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy import Engine
@@ -34,11 +40,13 @@ from fleetshift_daemon.api import calibration as calibration_api
 from fleetshift_daemon.api import fleet as fleet_api
 from fleetshift_daemon.api import operations as operations_api
 from fleetshift_daemon.api import placement as placement_api
+from fleetshift_daemon.api.leader_gate import LeaderGate
 from fleetshift_daemon.api.operations import OperationsServicer
 from fleetshift_daemon.clients.fleet import GrpcFleetClient
 from fleetshift_daemon.core.execution import ExecutionSettings, Executor
 from fleetshift_daemon.core.fleet import NodeState
 from fleetshift_daemon.core.gpus import GpuCatalogue, default_catalogue
+from fleetshift_daemon.core.leadership import Leadership, LeaseSettings
 from fleetshift_daemon.core.model_calibrations import Calibrations
 from fleetshift_daemon.core.moves import MoveLimits, MovePlanner
 from fleetshift_daemon.core.operations import OperationLog
@@ -48,8 +56,10 @@ from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.core.submission import Submission
 from fleetshift_daemon.core.workers import WorkerTable
 from fleetshift_daemon.move_signals import MoveSignals
+from fleetshift_daemon.replicas import ReplicaLoop, replica_identity, sole_owner_lock
 from fleetshift_daemon.store.calibration_store import SqlCalibrationStore
 from fleetshift_daemon.store.database import make_engine, upgrade
+from fleetshift_daemon.store.lease_store import SqlLeaseStore
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
 from fleetshift_daemon.store.work_store import (
     SqlEfficiencyStore,
@@ -86,6 +96,10 @@ class Daemon:
     executor: Executor | None = None
     submission: Submission | None = None
     failpoints: Failpoints = field(default_factory=Failpoints)
+    leadership: Leadership | None = None
+    replica_loop: ReplicaLoop | None = None
+    gate: LeaderGate | None = None
+    _sole_lock: IO[str] | None = None
     _scheduler: AsyncIOScheduler | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)  # named background jobs
 
@@ -101,9 +115,12 @@ class Daemon:
         self.models = models.served_models(cfg)
         self.engine = make_engine(cfg.effective_database_url)
         await asyncio.to_thread(upgrade, self.engine)
+        await self._claim_leadership()
+        assert self.leadership is not None
+        fence = self.leadership.token  # every executor write carries it (store/lease_store.py)
         self.registry = Registry(SqlRegistryStore(self.engine), self.clock, cfg.node_lost_after_s)
         await asyncio.to_thread(self.registry.load)
-        self.workers = WorkerTable(SqlWorkerStore(self.engine), self.clock)
+        self.workers = WorkerTable(SqlWorkerStore(self.engine, fence), self.clock)
         await asyncio.to_thread(self.workers.load)
         self.placement = PlacementService(
             self.registry,
@@ -111,7 +128,7 @@ class Daemon:
             self.catalogue,
             self.models,
             self.clock,
-            SqlEfficiencyStore(self.engine),
+            SqlEfficiencyStore(self.engine, fence),
             PlanningSettings(
                 cfg.planner.threshold,
                 cfg.planner.hold_s,
@@ -124,7 +141,7 @@ class Daemon:
         # Liveness reaches the router through each heartbeat's health flags; a rebuild of the
         # index per lost/back node would turn a heartbeat storm into a Route storm.
         self.registry.on_change(self.placement.fleet_changed, liveness=False)
-        self.operations = OperationLog(SqlOperationStore(self.engine), self.clock)
+        self.operations = OperationLog(SqlOperationStore(self.engine, fence), self.clock)
         self.operations.on_change(MoveSignals(self.metrics))  # phase and pause histograms
         await asyncio.to_thread(self.operations.load)
         p = cfg.planner
@@ -151,7 +168,10 @@ class Daemon:
             self.operations, self.moves, self.executor, self.placement, self.registry
         )
         await self._serve()
-        self.executor.recover()
+        if self.replica_loop is None:
+            self.executor.recover()  # the sole daemon: what it left when it last stopped
+        else:
+            self._start_replica()
         self._start_jobs()
         assert self.server is not None
         write_port_file(cfg.port_file, self.server.port)
@@ -160,6 +180,62 @@ class Daemon:
             "daemon ready",
             extra={"port": self.server.port, "nodes": len(self.registry.nodes())},
         )
+
+    async def _claim_leadership(self) -> None:
+        """SQLite: this daemon is the only one (a file lock proves it) and leads at once.
+        PostgreSQL: it starts as a follower; the lease loop decides who leads."""
+        assert self.engine is not None
+        rc = self.config.replicas
+        settings = LeaseSettings(rc.lease_ttl_s, rc.renew_interval_s, rc.renew_deadline_s)
+        address = rc.advertise_address or self.config.listen
+        self.leadership = Leadership(replica_identity(), address, settings, time.monotonic)
+        store = SqlLeaseStore(self.engine)
+        if self.engine.dialect.name == "sqlite":
+            self._sole_lock = sole_owner_lock(self.engine)
+            view = await asyncio.to_thread(store.take, self.leadership.identity, address)
+            self.leadership.lead_for_good(view)
+            return
+        self.replica_loop = ReplicaLoop(
+            self.leadership,
+            store,
+            self._refresh_view,
+            self._elected,
+            self._deposed,
+            rc.view_refresh_s,
+        )
+
+    def _start_replica(self) -> None:
+        """The bound port is known now: advertise it unless the operator named an address."""
+        assert self.leadership is not None and self.replica_loop is not None
+        assert self.server is not None
+        if not self.config.replicas.advertise_address:
+            host = self.config.listen.rpartition(":")[0]
+            self.leadership.address = f"{host}:{self.server.port}"
+        self._spawn("lease", self.replica_loop.run_lease())
+        self._spawn("view refresh", self.replica_loop.run_refresh())
+
+    def _refresh_view(self) -> None:
+        """Blocking: what the leader wrote since the last look (nodes, workers, operations)."""
+        assert self.registry is not None and self.workers is not None
+        assert self.operations is not None
+        self.registry.refresh()
+        self.workers.refresh()
+        self.operations.refresh()
+
+    async def _elected(self) -> None:
+        """A new tenure: recover every running operation as a restarted daemon would, but
+        run a rolled-back step again where it still holds (docs/replicas.md)."""
+        assert self.executor is not None and self.leadership is not None
+        self.executor.recover(
+            f"the leader changed (daemon {self.leadership.address} took over)", replan=True
+        )
+
+    async def _deposed(self) -> None:
+        assert self.executor is not None
+        await self.executor.abandon()
+
+    def _acting(self) -> bool:
+        return self.leadership is None or self.leadership.acting()
 
     def _load_calibrations(self) -> Calibrations:
         """Stored per-(model, GPU kind) calibrations, applied to every prediction now and
@@ -191,10 +267,14 @@ class Daemon:
     async def _serve(self) -> None:
         """Start the gRPC port(s) and the metrics endpoint; readiness is flipped by start()."""
         cfg, sec = self.config, self.security
-        assert sec is not None
+        assert sec is not None and self.leadership is not None
         bindings = self._bindings()
+        # Forwarding would present this daemon's certificate as the operator's: under TLS a
+        # follower names the leader instead (api/leader_gate.py).
+        self.gate = LeaderGate(self.leadership, sec.tls is None, cfg.max_message_bytes)
+        interceptors = (*sec.interceptors, self.gate)
         self.server = await start_server(
-            cfg.listen, bindings, cfg.max_message_bytes, sec.credentials, sec.interceptors
+            cfg.listen, bindings, cfg.max_message_bytes, sec.credentials, interceptors
         )
         if cfg.operator_listen:
             self.operator_server = await start_server(
@@ -202,7 +282,7 @@ class Daemon:
                 bindings,
                 cfg.max_message_bytes,
                 sec.operator_credentials,
-                sec.interceptors,
+                interceptors,
             )
         if cfg.metrics_listen:
             host, _, port = cfg.metrics_listen.rpartition(":")
@@ -229,7 +309,12 @@ class Daemon:
         return [
             *operations_api.bindings(ops),
             *fleet_api.bindings(
-                self.registry, interval_ms, self.metrics, self.workers, self.placement
+                self.registry,
+                interval_ms,
+                self.metrics,
+                self.workers,
+                self.placement,
+                acting=self._acting,
             ),
             *placement_api.bindings(self.placement, self.workers, self.metrics),
             *calibration_api.bindings(self.calibrations, self.placement),
@@ -269,6 +354,8 @@ class Daemon:
 
     async def _job(self, name: str, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """One run of a periodic job, as a named task that stop() can cancel and await."""
+        if not self._acting():
+            return  # a follower: the leader runs the sweep and the planner
         task = asyncio.current_task()
         assert task is not None
         task.set_name(f"fleetshiftd {name}")
@@ -364,9 +451,15 @@ class Daemon:
         await asyncio.gather(*jobs, return_exceptions=True)
         if self.executor:
             await self.executor.stop()
+        if self.gate:
+            await self.gate.close()
         if self.metrics_endpoint:
             self.metrics_endpoint.stop()
-        if self.registry:
+        if self.registry and self._acting():
             await asyncio.to_thread(self.registry.sweep)  # flush heartbeat times
+        if self.replica_loop:
+            await self.replica_loop.release()  # a follower takes over now, not after the TTL
         if self.engine:
             self.engine.dispose()
+        if self._sole_lock:
+            self._sole_lock.close()

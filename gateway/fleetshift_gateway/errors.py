@@ -18,6 +18,7 @@ ERROR_TYPES = {
     404: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
+    502: "server_error",
     503: "service_unavailable",
 }
 
@@ -59,6 +60,14 @@ def from_rpc(err: grpc.aio.AioRpcError, model: str) -> ApiError:
             f"rate limited by the fleet: {details}",
             code="rate_limited",
             headers={"Retry-After": str(_retry_after_s(err))},
+        )
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        # The gateway's own credentials are wrong: no client can fix that by retrying.
+        return ApiError(
+            502,
+            f"the FleetShift daemon refused the gateway ({code.name}): {details}; check the "
+            "gateway's --daemon-ca/--daemon-cert/--daemon-key",
+            code="upstream_refused",
         )
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return ApiError(400, details, code="invalid_value")

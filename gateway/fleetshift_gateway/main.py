@@ -12,17 +12,19 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import uvicorn
 from prometheus_client import start_http_server
 
-from fleetshift_common.config import daemon_config
+from fleetshift_common.config import ConfigError, daemon_config
 from fleetshift_common.logs import setup_logging
 from fleetshift_gateway.app import DEFAULT_MAX_BODY_BYTES, Gateway, build_app
 from fleetshift_gateway.metrics import GatewayMetrics
 from fleetshift_gateway.tokenizer import ModelTokenizer
+from fleetshift_rpc.security import client_credentials
 
 log = logging.getLogger("fleetshift.gateway")
 
@@ -37,10 +39,52 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", default=[], metavar="NAME=DIR")
     p.add_argument("--daemon-config", type=Path, help="read models and model_dir from it")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    p.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="event loop (default: %(default)s, libuv's; asyncio's own is pure Python)",
+    )
+    p.add_argument(
+        "--http",
+        choices=("httptools", "h11"),
+        default="httptools",
+        help="HTTP/1.1 parser (default: %(default)s, C; h11 is pure Python)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=int,
+        default=20,
+        help="on SIGTERM, seconds streams in flight get to finish (default: %(default)s)",
+    )
     p.add_argument("--token-file", type=Path, help="require this bearer token on /v1 requests")
     p.add_argument("--tls-cert", default="", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key", default="", help="and its private key")
+    p.add_argument(
+        "--daemon-ca", default="", help="dial the daemon over TLS, trusting this CA (PEM)"
+    )
+    p.add_argument(
+        "--daemon-cert",
+        default="",
+        help="with --daemon-key: the gateway's client certificate for the daemon's mTLS port "
+        "(`fleetshift certs issue-router DIR NAME`)",
+    )
+    p.add_argument("--daemon-key", default="", help="the private key of --daemon-cert")
     return p
+
+
+def daemon_channel(args: argparse.Namespace) -> grpc.aio.Channel:
+    """Plaintext for a loopback development daemon; TLS (and a router certificate, the
+    identity the daemon's table lets call Route and LocateSession) for a secured one."""
+    if not args.daemon_ca:
+        if args.daemon_cert or args.daemon_key:
+            raise SystemExit("--daemon-cert and --daemon-key need --daemon-ca")
+        return grpc.aio.insecure_channel(args.daemon)
+    try:
+        creds = client_credentials(args.daemon_ca, args.daemon_cert, args.daemon_key)
+    except (ConfigError, OSError) as err:
+        raise SystemExit(f"the daemon's TLS files: {err}") from err
+    return grpc.aio.secure_channel(args.daemon, creds)
 
 
 def load_models(args: argparse.Namespace) -> dict[str, ModelTokenizer]:
@@ -70,13 +114,15 @@ async def run(args: argparse.Namespace) -> None:
     metrics = GatewayMetrics()
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=host, registry=metrics.registry)
-    async with grpc.aio.insecure_channel(args.daemon) as daemon:
+    async with daemon_channel(args) as daemon:
         token = args.token_file.read_text().strip() if args.token_file else ""
         gw = Gateway(daemon, models, args.max_body_bytes, metrics, token=token)
         config = uvicorn.Config(
             build_app(gw),
             log_level="warning",
             access_log=False,
+            http=args.http,
+            timeout_graceful_shutdown=args.shutdown_timeout,
             ssl_certfile=args.tls_cert or None,
             ssl_keyfile=args.tls_key or None,
         )
@@ -93,8 +139,22 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     setup_logging()
-    asyncio.run(run(args))
+    with asyncio.Runner(loop_factory=_loop_factory(args.loop)) as runner:
+        runner.run(run(args))
     return 0
+
+
+def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when asked and installed (the gateway extra installs it); asyncio's otherwise.
+    grpc.aio runs on either: it needs only the loop's reader callbacks."""
+    if name == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            log.warning("uvloop is not installed: running on asyncio's own event loop")
+            return None
+        return uvloop.new_event_loop
+    return None
 
 
 if __name__ == "__main__":

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
+@dataclass(frozen=True)
+class ModelSeries:
+    """One model's per-token series, resolved once: ``labels()`` takes a lock and a lookup,
+    which every streamed token would otherwise pay twice."""
+
+    ttft: Histogram
+    tbt: Histogram
+    tokens: Counter
+
+
 class GatewayMetrics:
     def __init__(self) -> None:
+        self._by_model: dict[str, ModelSeries] = {}
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "fleetshift_gateway_requests",
@@ -42,3 +55,11 @@ class GatewayMetrics:
             ["model"],
             registry=self.registry,
         )
+
+    def of_model(self, model: str) -> ModelSeries:
+        series = self._by_model.get(model)
+        if series is None:
+            series = self._by_model[model] = ModelSeries(
+                self.ttft.labels(model), self.tbt.labels(model), self.tokens.labels(model)
+            )
+        return series

@@ -95,7 +95,7 @@ def _completion_prompt(prompt: object, model: ModelTokenizer) -> list[int]:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str) and prompt:
         return model.encode(prompt)
-    vocab = model.tokenizer.get_vocab_size()
+    vocab = model.vocab_size
     if (
         isinstance(prompt, list)
         and prompt
@@ -116,7 +116,7 @@ def _generation(
     if len(prompt) >= context:
         raise bad_request(
             prompt_field,
-            f"the {prompt_field} is {len(prompt)} tokens; model {model.name!r} has a context of "
+            f"{prompt_field}: {len(prompt)} tokens, but model {model.name!r} has a context of "
             f"{context} tokens and needs room for at least one output token",
             code="context_length_exceeded",
         )

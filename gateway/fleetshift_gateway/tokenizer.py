@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -25,6 +26,11 @@ class ModelTokenizer:
     name: str
     tokenizer: Tokenizer
     context_tokens: int
+
+    @cached_property
+    def vocab_size(self) -> int:
+        """Asked once: the library rebuilds its vocabulary to count it (~0.1 ms a request)."""
+        return int(self.tokenizer.get_vocab_size())
 
     @classmethod
     def load(cls, name: str, model_dir: Path) -> ModelTokenizer:

@@ -15,7 +15,7 @@ import grpc
 
 from fleetshift.v1 import placement_pb2, placement_pb2_grpc, worker_pb2, worker_pb2_grpc
 from fleetshift_gateway.requests import Generation
-from fleetshift_rpc.sessions import follow_session, routed_session
+from fleetshift_rpc.sessions import follow_session, routed_session, stub
 
 ROUTE_TIMEOUT_S = 5.0
 MAX_MESSAGE_BYTES = 64 << 20
@@ -65,7 +65,8 @@ async def serve(
     daemon: grpc.aio.Channel, channels: WorkerChannels, gen: Generation, session_id: str
 ) -> AsyncIterator[worker_pb2.GenerateResponse]:
     route = route_request(gen)
-    routed = await placement_pb2_grpc.PlacementStub(daemon).Route(route, timeout=ROUTE_TIMEOUT_S)
+    placement = stub(placement_pb2_grpc.PlacementStub, daemon)
+    routed = await placement.Route(route, timeout=ROUTE_TIMEOUT_S)
     request = generate_request(gen, session_id)
     if routed.decode_endpoint and routed.decode_endpoint != routed.endpoint:
         async for msg in _split(daemon, channels, routed, request):
@@ -86,7 +87,7 @@ async def _split(
 ) -> AsyncIterator[worker_pb2.GenerateResponse]:
     sid = request.session_id
     async with channels.lend(routed.endpoint) as ch:
-        prefill = worker_pb2_grpc.WorkerServiceStub(ch)
+        prefill = stub(worker_pb2_grpc.WorkerServiceStub, ch)
         call = prefill.Generate(request)
         received = 0
         async for msg in call:
@@ -106,7 +107,7 @@ async def _split(
         else:
             return
     async with channels.lend(routed.decode_endpoint) as ch:
-        await worker_pb2_grpc.WorkerServiceStub(ch).ImportSession(
+        await stub(worker_pb2_grpc.WorkerServiceStub, ch).ImportSession(
             worker_pb2.ImportSessionRequest(blob=exported.blob), timeout=30
         )
     resume = worker_pb2.GenerateRequest(resume_session_id=sid, resume_from_token=received)

@@ -7,8 +7,9 @@ import pytest
 
 from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.core.gpus import A100_SXM_80GB, H100_SXM
-from fleetshift_daemon.core.model_calibrations import check_hardware, cpu_kind, parse_profile
-from fleetshift_daemon.core.perfmodel import Deployment, PerfModel, llama2_70b
+from fleetshift_daemon.core.measurements import cpu_kind
+from fleetshift_daemon.core.model_calibrations import check_hardware, parse_profile
+from fleetshift_daemon.core.perfmodel import Deployment, Dtype, PerfModel, llama2_70b
 
 HEADER = "model,hardware,tensor_parallel,prompt_size,batch_size,token_size,prompt_time,token_time\n"
 
@@ -35,16 +36,20 @@ def test_a_profile_calibrates_only_the_kind_it_was_measured_on() -> None:
 
 
 def test_a_cpu_kind_carries_the_measured_peaks_and_predicts_slower_than_a_gpu() -> None:
-    kind = cpu_kind("cpu-amd-epyc", {"matmul_tflops": 0.09, "copy_gbps": 24.0}, 24.0)
-    # float32 values stream twice as long as the model's 2-byte ones: half the copy rate
-    assert kind.bf16_tflops == 0.09 and kind.hbm_tbps == pytest.approx(0.012)
+    kind = cpu_kind("cpu-amd-epyc", {"matmul_tflops": 0.09, "copy_gbps": 24.0}, 64.0)
+    # one convention (the loader's and the CLI's): a float32 worker is modelled as FP32, which
+    # counts 4-byte values and runs matmuls at half bf16_tflops, so the FP32 rate is doubled
+    # into that field and the copy rate is the bytes/s measured
+    assert kind.bf16_tflops == pytest.approx(0.18) and kind.hbm_tbps == pytest.approx(0.024)
     bf16 = cpu_kind("cpu-amd-epyc", {"matmul_tflops": 0.09, "copy_gbps": 24.0}, 24.0, "bfloat16")
-    assert bf16.hbm_tbps == pytest.approx(0.024)
+    assert bf16.bf16_tflops == pytest.approx(0.09) and bf16.hbm_tbps == pytest.approx(0.024)
+    with pytest.raises(InvalidArgument, match=r"measured_peaks\.copy_gbps must be a positive"):
+        cpu_kind("cpu-amd-epyc", {"matmul_tflops": 0.09, "copy_gbps": "fast"}, 24.0)
     arch = llama2_70b()
     # Llama-2-7B's shape: big enough that streaming its weights, not the engine's fixed
     # per-step overhead (a serving-stack property the model carries over), sets the step time
     llama7b = arch.__class__(**{**arch.__dict__, "n_layers": 32, "hidden": 4096, "intermediate": 11008, "n_heads": 32, "n_kv_heads": 32, "head_dim": 128})  # fmt: skip
     perf = PerfModel()
-    cpu = perf.decode_step_time_s(Deployment(llama7b, kind, 1), 1, 128)
+    cpu = perf.decode_step_time_s(Deployment(llama7b, kind, 1, Dtype.FP32), 1, 128)
     gpu = perf.decode_step_time_s(Deployment(llama7b, H100_SXM, 1), 1, 128)
     assert cpu > 50 * gpu

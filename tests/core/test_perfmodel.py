@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fleetshift_common.errors import FleetShiftError
@@ -240,3 +242,46 @@ def test_a_mixture_of_experts_computes_with_its_active_parameters_and_stores_all
     assert 0.5 * dense_c.p_tok < moe_c.p_tok < 0.8 * dense_c.p_tok
     assert moe_c.d0 == dense_c.d0  # a decode step still streams every weight
     assert m.prefill_time_s(m_dep, [4096]) < 0.85 * m.prefill_time_s(d_dep, [4096])
+
+
+def test_the_time_a_step_gains_with_tp_is_per_worker_not_per_layer() -> None:
+    """Issue 12: the step's fixed time grows with TP on the measured stacks because the engine
+    drives every worker each step; it must not be charged per layer (a model twice as deep
+    would inherit twice the growth). With the shipped factors, a 40- and an 80-layer model
+    gain the same fixed time from TP 2 to TP 8, within the (1 us per hop) link latency."""
+    perf = PerfModel()
+    deep = llama2_70b()
+    shallow = ModelArch(**{**deep.__dict__, "name": "half", "n_layers": 40})
+
+    def growth(arch: ModelArch) -> float:
+        d0 = [perf.coefficients(Deployment(arch, A100_SXM_80GB, tp)).d0 for tp in (2, 8)]
+        weights = [perf.weight_bytes(Deployment(arch, A100_SXM_80GB, tp)) for tp in (2, 8)]
+        kf = perf.factors_for(Deployment(arch, A100_SXM_80GB, 2))
+        rate = A100_SXM_80GB.hbm_tbps * 1e12 * kf.bw_eff
+        return (d0[1] - weights[1] / (8 * rate)) - (d0[0] - weights[0] / (2 * rate))
+
+    kf = perf.factors.for_kind(A100_SXM_80GB.name)
+    per_worker = 6 * kf.worker_overhead_s
+    assert per_worker > 0.01  # the measured growth: ~2.5 ms per extra worker per step
+    link = 2 * 40 * 2 * (8 - 2) * kf.link_latency_s  # 40 layers' extra ring hops
+    assert growth(shallow) == pytest.approx(per_worker, abs=1.5 * link)
+    assert growth(deep) - growth(shallow) == pytest.approx(link, rel=1e-6)
+    assert link < 0.1 * per_worker
+
+
+def test_a_cpu_kind_is_the_reference_engine_one_query_row_at_a_time() -> None:
+    """On a CPU kind the reference engine attends one query row at a time, so a prefill re-reads
+    the KV prefix per row (time that grows with the square of the prompt) and nothing is
+    padded to tensor-core tiles (a decode step's one query row is not 33 rows)."""
+    from fleetshift_daemon.core.measurements import cpu_kind
+
+    cpu = cpu_kind("cpu-amd-epyc", {"matmul_tflops": 0.09, "copy_gbps": 24.0}, 24.0)
+    small = ModelArch("small", 4, 512, 8, 4, 1408, 8000, 64)
+    on_cpu = PerfModel().coefficients(Deployment(small, cpu, 1, Dtype.FP32))
+    kv_bytes = 4 * 2 * 4 * 64 * 4  # layers x (K, V) x KV heads x head dim x float32
+    kf = PerfModel().factors.for_kind(cpu.name)
+    rate = 24e9 * kf.bw_eff
+    assert on_cpu.p_sq >= kv_bytes / rate / 2  # query i reads i keys' K and V
+    as_gpu = dataclasses.replace(cpu, name="GPU-like")  # same figures, a GPU engine's shape
+    on_gpu = PerfModel().coefficients(Deployment(small, as_gpu, 1, Dtype.FP32))
+    assert on_gpu.p_sq < on_cpu.p_sq and on_gpu.d_ctx > 2 * on_cpu.d_ctx

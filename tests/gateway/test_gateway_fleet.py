@@ -1,17 +1,27 @@
 """The gateway in front of a real fleet (daemon, agents, reference-engine workers), driven by
 the official ``openai`` client over real HTTP: completions and chat, streamed and not; four
-streams that cross a warm move and still see exactly an unmoved run's tokens; refusals that
-leave the traffic mix unchanged; a daemon that goes down and comes back."""
+streams that cross a warm and then a cold move and still see exactly an unmoved run's tokens;
+refusals that leave the traffic mix unchanged; HTTPS with the fleet CA and a bearer token; a
+SIGKILLed gateway that loses only its own connection; a split (prefill worker, then decode
+worker) answer served as one stream; a daemon that goes down and comes back.
+
+One fleet serves the whole module (starting one costs tens of seconds on a loaded 2-core
+machine), so the tests run in file order and each looks up where the worker is now."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import ssl
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import httpx
+import httpx2
 import openai
 import pytest
 from fleetshift_gateway.tokenizer import ModelTokenizer
@@ -21,15 +31,17 @@ from fleetshift.v1 import operations_pb2 as pb
 from fleetshift.v1 import operations_pb2_grpc as pb_grpc
 from fleetshift.v1 import placement_pb2 as ppb
 from fleetshift.v1 import placement_pb2_grpc as ppb_grpc
+from fleetshift.v1 import worker_pb2 as wpb
 from fleetshift.v1 import worker_pb2_grpc
 from fleetshift_daemon.localfleet import LocalFleet
 from tests.e2e.conftest import MODEL, SESSIONS, make_fleet, request
 from tests.e2e.conftest import model_dir as model_dir  # the session fixture
 
-from .procs import gateway
+from .procs import GatewayProcess, gateway, start_gateway, stop
 
 pytestmark = pytest.mark.slow
-TOKENS = 400
+TOKENS = 400  # long enough for four streams to be mid-way when a move runs
+SHORT = 120  # where nothing has to be caught mid-way: a prefix of the TOKENS-long reference
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +66,20 @@ async def _start_worker(fleet: LocalFleet) -> fpb.WorkerStatus:
             pb.StartFleetWorkerRequest(model=MODEL, role=fpb.WORKER_ROLE_MIXED, node_name="h100-a"),
             timeout=180,
         )
+
+
+@pytest.fixture(scope="module")
+def expected(served: tuple[LocalFleet, str, str]) -> dict[str, list[int]]:
+    """What each session produces on the mixed worker called directly, nothing moving it
+    (the reference engine is deterministic across workers: moved sessions are compared to it)."""
+    (worker,) = asyncio.run(_serving(served[0]))
+    return asyncio.run(direct(worker.endpoint, TOKENS))
+
+
+async def _serving(fleet: LocalFleet) -> list[fpb.WorkerStatus]:
+    async with grpc.aio.insecure_channel(fleet.daemon_address) as ch:
+        listed = await ppb_grpc.PlanningStub(ch).ListWorkers(ppb.ListWorkersRequest())
+    return [w for w in listed.workers if w.state == fpb.WORKER_STATE_SERVING]
 
 
 async def direct(endpoint: str, tokens: int) -> dict[str, list[int]]:
@@ -140,23 +166,32 @@ def test_completions_and_chat_streamed_and_whole(
     assert reply.headers["x-request-id"] == reply.json()["id"]
 
 
-def test_four_streams_cross_a_warm_move_with_no_gap_or_repeat(
-    served: tuple[LocalFleet, str, str], model_dir: Path
+@pytest.mark.parametrize(
+    ("target", "kind"),
+    [("h100-b", pb.STEP_KIND_MIGRATE), ("h200-a", pb.STEP_KIND_COLD_START)],
+    ids=["warm-h100-to-h100", "cold-h100-to-h200"],
+)
+def test_four_streams_cross_a_move_with_no_gap_or_repeat(
+    served: tuple[LocalFleet, str, str],
+    model_dir: Path,
+    expected: dict[str, list[int]],
+    target: str,
+    kind: pb.StepKind,
 ) -> None:
-    fleet, url, endpoint = served
+    fleet, url, _ = served
     tok = ModelTokenizer.load(MODEL, model_dir)
-    expected = asyncio.run(direct(endpoint, TOKENS))
-    got, op = asyncio.run(_stream_across_move(fleet, url, endpoint))
+    got, op = asyncio.run(_stream_across_move(fleet, url, target))
     assert op.state == pb.OPERATION_STATE_SUCCEEDED, op
     step = op.steps[0]
-    assert step.kind == pb.STEP_KIND_MIGRATE and step.phase == "done"
+    assert step.kind == kind and step.phase == "done"
     assert step.sessions_carried == len(SESSIONS), "the move should catch every stream mid-way"
     for sid, ids in expected.items():
         assert got[sid] == deltas(tok, ids), sid  # one delta per token, in order, once
+    assert [w.node_name for w in asyncio.run(_serving(fleet))] == [target]
 
 
 async def _stream_across_move(
-    fleet: LocalFleet, url: str, endpoint: str
+    fleet: LocalFleet, url: str, target: str
 ) -> tuple[dict[str, list[str]], pb.Operation]:
     client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
     seen: dict[str, int] = {}
@@ -174,14 +209,13 @@ async def _stream_across_move(
                 started.set()
         return pieces
 
+    (worker,) = await _serving(fleet)
     streams = asyncio.gather(*(one(s) for s in SESSIONS))
     async with grpc.aio.insecure_channel(fleet.daemon_address) as daemon:
         ops = pb_grpc.OperationsStub(daemon)
-        listed = await ppb_grpc.PlanningStub(daemon).ListWorkers(ppb.ListWorkersRequest())
-        worker_id = next(w.worker_id for w in listed.workers if w.endpoint == endpoint)
         await asyncio.wait_for(started.wait(), 120)
         op = await ops.MoveWorker(
-            pb.MoveWorkerRequest(worker_id=worker_id, target_node="h100-b", reason="gw test"),
+            pb.MoveWorkerRequest(worker_id=worker.worker_id, target_node=target, reason="gw test"),
             timeout=30,
         )
         async for update in ops.WatchOperation(pb.WatchOperationRequest(operation_id=op.id)):
@@ -190,30 +224,245 @@ async def _stream_across_move(
     return {s[0]: r for s, r in zip(SESSIONS, results, strict=True)}, op
 
 
+# Every bad request of issue 15's list: (what is sent, status, the field its error names).
+JSON = {"content-type": "application/json"}
+BAD_REQUESTS = [
+    ({"json": {"model": "unknown", "prompt": "hi", "max_tokens": 1}}, 404, "model"),
+    ({"json": {"model": MODEL, "prompt": "hi", "max_tokens": -3}}, 400, "max_tokens"),
+    ({"json": {"model": MODEL, "prompt": "hi", "max_tokens": 10**7}}, 400, "max_tokens"),
+    ({"json": {"model": MODEL, "prompt": [1] * 5000, "max_tokens": 1}}, 400, "prompt"),
+    ({"content": b'{"model": "small", "prompt": ', "headers": JSON}, 400, "body"),
+    ({"json": {"model": MODEL, "prompt": "x" * (2 << 20), "max_tokens": 1}}, 400, "body"),
+    ({"content": b"model=small&prompt=hi", "headers": {"content-type": "text/plain"}}, 400,
+     "content-type"),
+]  # fmt: skip
+
+
+def as_chat(sent: dict[str, object]) -> dict[str, object]:
+    """The same refusal case for /v1/chat/completions: the prompt becomes one user message."""
+    body = sent.get("json")
+    if not isinstance(body, dict) or "prompt" not in body:
+        return sent
+    prompt = body["prompt"]
+    content = prompt if isinstance(prompt, str) else "hi " * len(prompt)  # [1] * 5000: too long
+    rest = {k: v for k, v in body.items() if k != "prompt"}
+    return {"json": {**rest, "messages": [{"role": "user", "content": content}]}}
+
+
 def test_refused_requests_are_not_routed_or_counted(served: tuple[LocalFleet, str, str]) -> None:
     fleet, url, _ = served
     before = traffic_requests(fleet)
-    bad = [
-        {"model": MODEL, "prompt": "hi", "max_tokens": -3},
-        {"model": MODEL, "prompt": "hi", "max_tokens": 10**7},
-        {"model": MODEL, "prompt": [1] * 5000, "max_tokens": 1},
-        {"model": "unknown", "prompt": "hi", "max_tokens": 1},
-    ]
-    statuses = [httpx.post(url + "/completions", json=b, timeout=30).status_code for b in bad]
-    assert statuses == [400, 400, 400, 404]
-    bad_json = httpx.post(
-        url + "/chat/completions",
-        content=b"{",
-        headers={"content-type": "application/json"},
-        timeout=30,
-    )
-    assert bad_json.status_code == 400
+    for sent, status, param in BAD_REQUESTS:
+        assert isinstance(sent, dict)
+        for path, body, named in (
+            ("/completions", sent, param),
+            ("/chat/completions", as_chat(sent), "messages" if param == "prompt" else param),
+        ):
+            reply = httpx.post(url + path, timeout=30, **body)  # type: ignore[arg-type]
+            assert reply.status_code == status, (path, param, reply.text)
+            error = reply.json()["error"]
+            assert error["param"] == named, (path, error)
+            assert named.lower() in error["message"].lower() or status == 404, error
+            assert reply.headers["x-request-id"] and "Traceback" not in reply.text
     assert traffic_requests(fleet) == before
     ok = httpx.post(
         url + "/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}, timeout=60
     )
     assert ok.status_code == 200, ok.text
     assert traffic_requests(fleet) == before + 1  # the mix does count a served request
+
+
+def certs(*args: str) -> None:
+    cmd = [sys.executable, "-m", "fleetshift_daemon.cli.main", "certs", *args]
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+def test_https_with_the_fleet_ca_and_a_bearer_token(
+    served: tuple[LocalFleet, str, str],
+    model_dir: Path,
+    expected: dict[str, list[int]],
+    tmp_path: Path,
+) -> None:
+    fleet = served[0]
+    pki = tmp_path / "pki"
+    certs("init-ca", str(pki))
+    certs("issue-server", str(pki), "gateway", "--san-ip", "127.0.0.1")
+    (tmp_path / "token").write_text("s3cret-gw-token\n")
+    cert, key = pki / "daemon-gateway.crt", pki / "daemon-gateway.key"
+    tls = ("--tls-cert", str(cert), "--tls-key", str(key), "--token-file", str(tmp_path / "token"))
+    with gateway(tmp_path, fleet.daemon_address, MODEL, model_dir, *tls, scheme="https") as url:
+        assert url.startswith("https://")
+        # the openai client's own HTTP stack (httpx2), trusting the CA that signed the gateway
+        trusted = httpx2.Client(verify=ssl.create_default_context(cafile=str(pki / "ca.crt")))
+        client = openai.OpenAI(
+            base_url=url, api_key="s3cret-gw-token", max_retries=0, http_client=trusted
+        )
+        greedy = SESSIONS[0]
+        reply = client.completions.create(
+            model=MODEL, prompt=greedy[1], max_tokens=8, temperature=0
+        )
+        assert reply.usage is not None and reply.usage.completion_tokens == 8
+        tok = ModelTokenizer.load(MODEL, model_dir)
+        assert reply.choices[0].text == tok.decode(expected[greedy[0]][:8])
+        wrong = openai.OpenAI(base_url=url, api_key="guess", max_retries=0, http_client=trusted)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+        untrusted = openai.OpenAI(base_url=url, api_key="s3cret-gw-token", max_retries=0)
+        with pytest.raises(openai.APIConnectionError):  # the system CAs do not know the fleet's
+            untrusted.models.list()
+        plain = url.replace("https://", "http://")
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(plain + "/models", timeout=10)
+        trusted.close()
+
+
+def test_sigkilled_gateway_loses_only_its_own_connection(
+    served: tuple[LocalFleet, str, str],
+    model_dir: Path,
+    expected: dict[str, list[int]],
+    tmp_path: Path,
+) -> None:
+    fleet, url, _ = served
+    doomed = start_gateway(tmp_path / "doomed", fleet.daemon_address, MODEL, model_dir)
+    try:
+        outcome = asyncio.run(_kill_one_gateway_mid_stream(fleet, url, doomed))
+    finally:
+        stop(doomed)
+    tok = ModelTokenizer.load(MODEL, model_dir)
+    kept, killed = SESSIONS[1], SESSIONS[0]
+    assert outcome["kept"] == deltas(tok, expected[kept[0]][:SHORT])
+    assert isinstance(outcome["error"], openai.APIConnectionError | httpx2.TransportError), outcome
+    # The worker cancelled the orphaned session instead of generating it to its end.
+    assert isinstance(outcome["decoded"], int) and outcome["decoded"] < SHORT + TOKENS
+    again = start_gateway(tmp_path / "again", fleet.daemon_address, MODEL, model_dir)
+    try:
+        client = openai.OpenAI(base_url=again.url, api_key="unused", max_retries=0, timeout=300)
+        retry = client.completions.create(
+            model=MODEL, prompt=killed[1], max_tokens=SHORT, temperature=0, stream=True
+        )
+        assert [c.choices[0].text for c in retry] == deltas(tok, expected[killed[0]][:SHORT])
+    finally:
+        stop(again)
+
+
+async def _kill_one_gateway_mid_stream(
+    fleet: LocalFleet, url: str, doomed: GatewayProcess
+) -> dict[str, object]:
+    """One stream through the doomed gateway (long: 5 x TOKENS), one through the module's;
+    the doomed one is SIGKILLed once both are mid-stream."""
+    both = asyncio.Event()
+    counts = {"kept": 0, "killed": 0}
+    (worker,) = await _serving(fleet)
+    before = await _counters(worker.endpoint)
+
+    async def run(base: str, session: tuple[str, list[int], float, int | None], name: str,
+                  tokens: int) -> list[str]:  # fmt: skip
+        client = openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0, timeout=300)
+        pieces: list[str] = []
+        stream = await client.completions.create(
+            model=MODEL, prompt=session[1], max_tokens=tokens, stream=True, temperature=0
+        )
+        async for chunk in stream:
+            pieces.append(chunk.choices[0].text)
+            counts[name] = len(pieces)
+            if min(counts.values()) >= 10:
+                both.set()
+        return pieces
+
+    kept = asyncio.create_task(run(url, SESSIONS[1], "kept", SHORT))
+    killed = asyncio.create_task(run(doomed.url, SESSIONS[0], "killed", 5 * TOKENS))
+    await asyncio.wait_for(both.wait(), 120)
+    doomed.proc.send_signal(signal.SIGKILL)
+    error: BaseException | None = None
+    try:
+        await asyncio.wait_for(killed, 60)
+    except (openai.APIError, httpx2.HTTPError) as err:
+        error = err
+    result = await asyncio.wait_for(kept, 300)
+    after = await _wait_idle(worker.endpoint)
+    return {"kept": result, "error": error, "decoded": after.decode_tokens - before.decode_tokens}
+
+
+async def _counters(endpoint: str) -> fpb.WorkerCounters:
+    async with grpc.aio.insecure_channel(endpoint) as ch:
+        stub = worker_pb2_grpc.WorkerServiceStub(ch)
+        counters: fpb.WorkerCounters = await stub.GetCounters(
+            wpb.GetWorkerCountersRequest(), timeout=10
+        )
+    return counters
+
+
+async def _wait_idle(endpoint: str, timeout_s: float = 120) -> fpb.WorkerCounters:
+    deadline = time.monotonic() + timeout_s
+    while (counters := await _counters(endpoint)).live_sessions:
+        assert time.monotonic() < deadline, f"sessions still live: {counters}"
+        await asyncio.sleep(0.2)
+    return counters
+
+
+def test_split_answer_is_served_end_to_end(
+    served: tuple[LocalFleet, str, str], model_dir: Path, expected: dict[str, list[int]]
+) -> None:
+    """With only a prefill and a decode worker, Route answers a pair; the gateway runs the
+    prompt on the first, hands the session to the second and serves one stream whose tokens
+    are a mixed worker's."""
+    fleet, url, _ = served
+    prefill, decode = asyncio.run(_split_pool(fleet))
+    routed = _route(fleet)
+    assert (routed.endpoint, routed.decode_endpoint) == (prefill.endpoint, decode.endpoint)
+    before = {w.endpoint: asyncio.run(_counters(w.endpoint)) for w in (prefill, decode)}
+    tok = ModelTokenizer.load(MODEL, model_dir)
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
+    greedy, seeded = SESSIONS[0], SESSIONS[2]
+    streamed = client.completions.create(
+        model=MODEL, prompt=greedy[1], max_tokens=SHORT, stream=True, temperature=0
+    )
+    assert [c.choices[0].text for c in streamed] == deltas(tok, expected[greedy[0]][:SHORT])
+    whole = client.completions.create(
+        model=MODEL,
+        prompt=seeded[1],
+        max_tokens=SHORT,
+        temperature=seeded[2],
+        top_p=0.9,
+        seed=seeded[3],
+    )
+    assert whole.choices[0].text == tok.decode(expected[seeded[0]][:SHORT])
+    assert whole.usage is not None and whole.usage.completion_tokens == SHORT
+    after = {w.endpoint: asyncio.run(_wait_idle(w.endpoint)) for w in (prefill, decode)}
+    decoded = {e: after[e].decode_tokens - before[e].decode_tokens for e in after}
+    prefilled = {e: after[e].prefill_tokens - before[e].prefill_tokens for e in after}
+    assert prefilled[prefill.endpoint] >= len(greedy[1]) + len(seeded[1])
+    assert decoded[decode.endpoint] >= 2 * (SHORT - 3)  # the decode worker made the streams
+    assert decoded[prefill.endpoint] <= 2 * 2  # the prefill worker stopped at the hand-off
+
+
+async def _split_pool(fleet: LocalFleet) -> tuple[fpb.WorkerStatus, fpb.WorkerStatus]:
+    """Replace the mixed worker by a prefill worker on the H200 and a decode worker on an H100."""
+    async with grpc.aio.insecure_channel(fleet.daemon_address) as ch:
+        ops = pb_grpc.OperationsStub(ch)
+        for worker in await _serving(fleet):
+            await ops.StopWorker(pb.StopFleetWorkerRequest(worker_id=worker.worker_id), timeout=60)
+
+        async def start(role: fpb.WorkerRole, node: str) -> fpb.WorkerStatus:
+            request = pb.StartFleetWorkerRequest(model=MODEL, role=role, node_name=node)
+            status: fpb.WorkerStatus = await ops.StartWorker(request, timeout=180)
+            return status
+
+        prefill = await start(fpb.WORKER_ROLE_PREFILL, "h200-a")
+        decode = await start(fpb.WORKER_ROLE_DECODE, "h100-a")
+    deadline = time.monotonic() + 60  # Route knows a worker from its first heartbeat on
+    while {w.worker_id for w in await _serving(fleet)} != {prefill.worker_id, decode.worker_id}:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.2)
+    return prefill, decode
+
+
+def _route(fleet: LocalFleet) -> ppb.RouteResponse:
+    request = ppb.RouteRequest(model=MODEL, prompt_tokens=4, expected_output_tokens=TOKENS)
+    request.reroute = True  # a look, not a request: keep it out of the traffic mix
+    with grpc.insecure_channel(fleet.daemon_address) as ch:
+        routed: ppb.RouteResponse = ppb_grpc.PlacementStub(ch).Route(request, timeout=10)
+    return routed
 
 
 def test_daemon_down_is_503_then_the_gateway_recovers(served: tuple[LocalFleet, str, str]) -> None:

@@ -19,7 +19,7 @@ from fleetshift_daemon.store.registry_store import SqlRegistryStore
 from fleetshift_rpc import pki
 from fleetshift_rpc.auth import server_security
 from fleetshift_rpc.ratelimit import RateLimit
-from fleetshift_rpc.security import PrincipalKind, client_credentials
+from fleetshift_rpc.security import PrincipalKind, TlsFiles, client_credentials, parse_callers
 from fleetshift_rpc.server import channel, start_server
 from tests.security.conftest import Certs, registration
 
@@ -120,3 +120,39 @@ def test_plaintext_loopback_is_allowed_with_a_warning(caplog: pytest.LogCaptureF
     assert security.credentials is None and security.tls is None
     assert len(security.interceptors) == 1
     assert any("PLAINTEXT" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "pattern", ["router", "router:", "robot:*", "router:edge/1", ":alice", "anonymous:*"]
+)
+def test_session_caller_patterns_name_the_key(pattern: str) -> None:
+    """An operator's typo in worker_session_callers stops the agent at start, naming the key
+    and the pattern, instead of quietly letting nobody (or everybody) open sessions."""
+    with pytest.raises(ConfigError) as err:
+        parse_callers(["router:*", pattern])
+    assert err.value.field == "worker_session_callers"
+    assert repr(pattern) in err.value.message
+
+
+def test_session_caller_patterns() -> None:
+    assert parse_callers(["router:*", "operator:alice", "router:*"]) == {
+        (PrincipalKind.ROUTER, "*"),
+        (PrincipalKind.OPERATOR, "alice"),
+    }
+
+
+def test_worker_host_must_be_named_by_the_node_certificate(tmp_path: Path) -> None:
+    """The daemon and the router verify a worker's certificate against the address they
+    dial; an agent whose workers would serve elsewhere is refused at start, naming the key."""
+    pki.init_ca(tmp_path)
+    pair = pki.issue(
+        tmp_path, "node", "n1", san_ips=["198.18.0.11"], san_dns=["n1.fleet.lan", "*.gpu.lan"]
+    )
+    tls = TlsFiles(str(pair.cert), str(pair.key), str(tmp_path / pki.CA_CERT))
+    for named in ("198.18.0.11", "n1.fleet.lan", "N1.Fleet.Lan", "h100-7.gpu.lan"):
+        tls.check_host(named, "worker_host")
+    for unnamed in ("198.18.0.12", "127.0.0.1", "n2.fleet.lan", "a.b.gpu.lan", "gpu.lan"):
+        with pytest.raises(ConfigError) as err:
+            tls.check_host(unnamed, "worker_host")
+        assert err.value.field == "worker_host"
+        assert repr(unnamed) in err.value.message and "198.18.0.11" in err.value.message

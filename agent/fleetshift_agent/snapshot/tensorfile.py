@@ -118,6 +118,10 @@ def tensor_bytes(t: torch.Tensor, chunk: int = DEVICE_CHUNK) -> Iterator[memoryv
 def _describe_foreign(prefix: bytes) -> str | None:
     if prefix.startswith(b"PK\x03\x04"):
         return "is a zip archive (torch.save/pickle format), not safetensors"
+    # A header length of 640, 896, 1152 or 1408 bytes also starts 0x80 0x02-0x05; a real
+    # safetensors header then opens its JSON at byte 8.
+    if prefix[8:9] == b"{":
+        return None
     if prefix[:1] == b"\x80" and prefix[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
         return "is a pickle stream, not safetensors"
     return None
@@ -128,7 +132,7 @@ def parse_header(head: bytes, file_size: int) -> tuple[int, list[Entry]]:
 
     ``head`` holds at least the first ``min(file_size, 8 + header length)`` bytes.
     """
-    foreign = _describe_foreign(head[:8])
+    foreign = _describe_foreign(head[:9])
     if foreign:
         raise TensorFileError(f"{foreign}; refused without deserialising it")
     if file_size < 8:

@@ -25,6 +25,8 @@ from fleetshift_agent.worker.runner import EngineRunner
 from fleetshift_agent.worker.service import ROLES, WorkerServicer, WorkerState, binding
 from fleetshift_agent.worker.snapshots import declare_gpu, engine_from_snapshot
 from fleetshift_common.lifecycle import stop_event, write_port_file
+from fleetshift_rpc.auth import worker_security
+from fleetshift_rpc.security import TlsFiles
 from fleetshift_rpc.server import RunningServer, start_server
 
 log = logging.getLogger("fleetshift.worker")
@@ -78,6 +80,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch threads; 0: torch's default")
     p.add_argument("--start-paused", action="store_true")
     p.add_argument("--max-message-mb", type=int, default=512)
+    p.add_argument(
+        "--node-name",
+        default="",
+        help="the node this worker belongs to: its certificate must name it, and only that "
+        "node's agent (besides the daemon) may make control calls",
+    )
+    p.add_argument("--tls-cert", default="", help="the node's certificate (mTLS); none: plaintext")
+    p.add_argument("--tls-key", default="")
+    p.add_argument("--tls-ca", default="", help="the fleet CA bundle")
+    p.add_argument(
+        "--session-caller",
+        action="append",
+        default=[],
+        metavar="KIND:NAME",
+        help="a certificate identity allowed to open sessions (repeatable; 'router:*' for "
+        "any router certificate of the fleet CA)",
+    )
     args = p.parse_args(argv)
     if not args.model_dir and not args.restore_from:
         p.error("one of --model-dir or --restore-from is required")
@@ -119,6 +138,13 @@ def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
 
 async def serve(args: argparse.Namespace) -> None:
     started = time.monotonic()
+    # Checked before the engine loads: a bad key or address fails in milliseconds.
+    security = worker_security(
+        listen=args.listen,
+        node_name=args.node_name,
+        tls=TlsFiles.from_config(args.tls_cert, args.tls_key, args.tls_ca),
+        session_callers=tuple(args.session_caller),
+    )
     if args.threads:
         torch.set_num_threads(args.threads)
     declare_gpu(args.declared_gpu)
@@ -145,7 +171,13 @@ async def serve(args: argparse.Namespace) -> None:
         runner.set_paused(True)
     state = WorkerState(args.worker_id, ROLES[args.role], restored_from)
     servicer = WorkerServicer(runner, feeds, state, loop)
-    server = await start_server(args.listen, [binding(servicer)], args.max_message_mb << 20)
+    server = await start_server(
+        args.listen,
+        [binding(servicer)],
+        args.max_message_mb << 20,
+        security.credentials,
+        security.interceptors,
+    )
     server_ref.append(server)
     runner.start()
     await server.set_serving(True)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Protocol, TypeVar
+
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from fleetshift.v1 import fleet_pb2 as pb
+from fleetshift_daemon.core.engine_fit import TpFit
 from fleetshift_daemon.core.fleet import (
     GpuInfo,
     InventorySource,
@@ -14,6 +17,7 @@ from fleetshift_daemon.core.fleet import (
     Registration,
     WorkerCounters,
 )
+from fleetshift_daemon.core.placement import PlacementService
 from fleetshift_daemon.core.workers import WorkerRecord, WorkerReport, WorkerSpec, WorkerState
 from fleetshift_daemon.wire import ROLE_TO_PB as ROLE_TO_PB  # re-exported for the servicers
 from fleetshift_daemon.wire import WORKER_STATE_FROM_PB as WORKER_STATE_FROM_PB
@@ -162,6 +166,27 @@ def worker_pb(worker: WorkerRecord) -> pb.WorkerStatus:
     if worker.counters is not None:
         out.counters.CopyFrom(counters_pb(worker.counters))
     return out
+
+
+class _EngineFields(Protocol):
+    model: str
+    node_name: str
+    tensor_parallel: int
+    engine: str
+    tensor_parallel_nominal: bool
+
+
+M = TypeVar("M", bound=_EngineFields)
+
+
+def with_engine(msg: M, placement: PlacementService) -> M:
+    """Fill a worker's (or planned worker's) engine, and whether its TP is nominal: an engine
+    that computes on one device, on a declared inventory (``core.engine_fit``)."""
+    served = placement.models.get(msg.model)
+    msg.engine = served.engine if served else ""
+    fit = placement.tp_fit(msg.model, msg.node_name, msg.tensor_parallel)
+    msg.tensor_parallel_nominal = fit is TpFit.NOMINAL
+    return msg
 
 
 def counters_pb(c: WorkerCounters) -> pb.WorkerCounters:

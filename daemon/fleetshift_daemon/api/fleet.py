@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import grpc
 
@@ -34,7 +35,9 @@ class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
         metrics: DaemonMetrics | None = None,
         workers: WorkerTable | None = None,
         placement: PlacementService | None = None,
+        acting: Callable[[], bool] = lambda: True,
     ) -> None:
+        self._acting = acting  # False on a follower replica: it keeps a view, decides nothing
         self._placement = placement
         self._registry = registry
         self._heartbeat_interval_ms = heartbeat_interval_ms
@@ -64,7 +67,9 @@ class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
         previous = self._registry.last_heartbeat(request.node_name)
         counters = [r.counters for r in reports if r.counters is not None]
         node = self._registry.heartbeat(request.node_name, counters)
-        if self._workers is not None:
+        if self._workers is not None and not self._acting():
+            self._workers.observe(request.node_name, reports)  # the leader reconciles
+        elif self._workers is not None:
             for worker_id in self._workers.reconcile(request.node_name, reports):
                 log.error("worker vanished from its node", extra={"worker": worker_id})
         if self._placement is not None:
@@ -119,11 +124,14 @@ def bindings(
     metrics: DaemonMetrics | None = None,
     workers: WorkerTable | None = None,
     placement: PlacementService | None = None,
+    acting: Callable[[], bool] = lambda: True,
 ) -> list[ServiceBinding]:
     return [
         ServiceBinding(
             pb_grpc.add_AgentRegistryServicer_to_server,
-            AgentRegistryServicer(registry, heartbeat_interval_ms, metrics, workers, placement),
+            AgentRegistryServicer(
+                registry, heartbeat_interval_ms, metrics, workers, placement, acting
+            ),
             pb.DESCRIPTOR.services_by_name["AgentRegistry"].full_name,
         ),
         ServiceBinding(

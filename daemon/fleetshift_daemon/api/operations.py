@@ -161,7 +161,7 @@ class OperationsServicer(pb_grpc.OperationsServicer):
             node, gpus = slot.node, slot.gpu_indices
             spec = WorkerSpec(request.model, role, len(gpus), dtype)
         worker = await self._executor.start_worker(spec, node, gpus)
-        return convert.worker_pb(worker)
+        return convert.with_engine(convert.worker_pb(worker), self._placement)
 
     @rpc_errors
     async def StopWorker(

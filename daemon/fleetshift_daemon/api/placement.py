@@ -83,7 +83,7 @@ def sample_pb(sample: EfficiencySample) -> pb.EfficiencySample:
     )
 
 
-def plan_pb(plan: Plan, horizon_s: float) -> pb.Plan:
+def plan_pb(plan: Plan, horizon_s: float, placement: PlacementService) -> pb.Plan:
     out = pb.Plan(
         efficiency_before=plan.efficiency_before,
         goodput_before_tokens_per_s=plan.goodput_before,
@@ -107,17 +107,16 @@ def plan_pb(plan: Plan, horizon_s: float) -> pb.Plan:
         )
         for side, placed in (("source", move.source), ("target", move.target)):
             if placed is not None:
-                getattr(m, side).CopyFrom(
-                    pb.PlannedWorker(
-                        worker_id=placed.worker_id or "",
-                        model=placed.model,
-                        role=convert.ROLE_TO_PB[placed.role],
-                        gpu_kind=placed.gpu_kind,
-                        tensor_parallel=placed.tp,
-                        dtype=placed.dtype.value,
-                        node_name=placed.node,
-                    )
+                planned = pb.PlannedWorker(
+                    worker_id=placed.worker_id or "",
+                    model=placed.model,
+                    role=convert.ROLE_TO_PB[placed.role],
+                    gpu_kind=placed.gpu_kind,
+                    tensor_parallel=placed.tp,
+                    dtype=placed.dtype.value,
+                    node_name=placed.node,
                 )
+                getattr(m, side).CopyFrom(convert.with_engine(planned, placement))
     return out
 
 
@@ -237,7 +236,7 @@ class PlanningServicer(pb_grpc.PlanningServicer):
         self, request: pb.PlanRebalanceRequest, context: grpc.aio.ServicerContext
     ) -> pb.Plan:
         plan = await asyncio.to_thread(self._service.dry_run)
-        out = plan_pb(plan, self._service.settings.horizon_s)
+        out = plan_pb(plan, self._service.settings.horizon_s, self._service)
         out.predictions.extend(map(basis_pb, self._service.prediction_bases()))
         return out
 
@@ -246,7 +245,9 @@ class PlanningServicer(pb_grpc.PlanningServicer):
         self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListWorkersResponse:
         workers = self._workers.all(request.node_name or None, request.model or None)
-        return pb.ListWorkersResponse(workers=[convert.worker_pb(w) for w in workers])
+        return pb.ListWorkersResponse(
+            workers=[convert.with_engine(convert.worker_pb(w), self._service) for w in workers]
+        )
 
 
 def bindings(

@@ -33,6 +33,7 @@ from fleetshift_daemon.core.calibration import (
     Row,
     at_bounds,
     fit_rows,
+    fitted_names,
     signed_errors,
     summarize,
 )
@@ -118,9 +119,17 @@ def read_profile(spec: str) -> Profile:
 class Report:
     factors: EfficiencyFactors
     fitted: dict[str, str]  # kind -> "fit" or the kind whose shipped factors it used
-    errors: list[FitError]
+    errors: list[FitError]  # held out: the check profile, which took no part in the fit
     hardware: dict[str, str]  # kind -> the hardware name the check file used
     set_aside: list[Measurement]
+    in_sample: list[FitError]  # the same factors on the rows they were fitted on (tuning)
+    moved: dict[str, tuple[str, ...]]  # fitted kind -> the factors its rows could move
+
+    def pinned(self, kind: str) -> list[str]:
+        """Fitted factors of ``kind`` that ended on a physical bound (none for shipped ones)."""
+        if kind not in self.moved:
+            return []
+        return at_bounds(self.factors.for_kind(kind), self.moved[kind])
 
 
 def calibrate(fits: Sequence[Profile], check: Profile) -> Report:
@@ -130,11 +139,18 @@ def calibrate(fits: Sequence[Profile], check: Profile) -> Report:
     factors = EfficiencyFactors(
         per_kind={**shipped.per_kind, **fitted}, aliases=dict(SHIPPED_ALIASES)
     )
+    model = PerfModel(factors)
     kept, aside = screened(check.rows)
-    errors = summarize(signed_errors(PerfModel(factors), check.as_rows(kept)))
+    errors = summarize(signed_errors(model, check.as_rows(kept)))
+    tuning = [r for p in fits for r in p.as_rows(screened(p.rows)[0])]
+    in_sample = summarize(signed_errors(model, tuning)) if tuning else []
     kinds = {m.kind.name: m.hardware for m in check.rows}
     source = {k: "fit" if k in fitted else f"shipped:{shipped.source_of(k)}" for k in kinds}
-    return Report(factors, source, errors, kinds, aside)
+    moved = {
+        k: fitted_names([r for r in tuning if r.m.kind.name == k])
+        for k in {r.m.kind.name for r in tuning}
+    }
+    return Report(factors, source, errors, kinds, aside, in_sample, moved)
 
 
 def report_json(fits: Sequence[Profile], check: Profile, rep: Report) -> dict[str, Any]:
@@ -147,6 +163,21 @@ def report_json(fits: Sequence[Profile], check: Profile, rep: Report) -> dict[st
             "rows": len(p.rows),
         }
 
+    def rows(errors: Sequence[FitError]) -> list[dict[str, Any]]:
+        return [
+            {
+                "hardware": rep.hardware.get(e.kind, e.kind),
+                "kind": e.kind,
+                "phase": e.phase.value,
+                "rows": e.n,
+                "median_abs_pct": round(e.median_abs_pct, 2),
+                "p90_abs_pct": round(e.p90_abs_pct, 2),
+                "median_bias_pct": round(e.median_bias_pct, 2),
+                "factors": rep.fitted.get(e.kind, "fit"),
+            }
+            for e in errors
+        ]
+
     return {
         "fit": [profile(p) for p in fits],
         "check": profile(check),
@@ -155,19 +186,8 @@ def report_json(fits: Sequence[Profile], check: Profile, rep: Report) -> dict[st
             for m in rep.set_aside
             if m.phase.value == "prefill"
         ],
-        "errors": [
-            {
-                "hardware": rep.hardware[e.kind],
-                "kind": e.kind,
-                "phase": e.phase.value,
-                "rows": e.n,
-                "median_abs_pct": round(e.median_abs_pct, 2),
-                "p90_abs_pct": round(e.p90_abs_pct, 2),
-                "median_bias_pct": round(e.median_bias_pct, 2),
-                "factors": rep.fitted[e.kind],
-            }
-            for e in rep.errors
-        ],
+        "errors": rows(rep.errors),
+        "in_sample": rows(rep.in_sample),
         "factors": {
             kind: {**rep.factors.for_kind(kind).to_dict(), "source": rep.fitted[kind]}
             for kind in rep.hardware
@@ -175,26 +195,34 @@ def report_json(fits: Sequence[Profile], check: Profile, rep: Report) -> dict[st
     }
 
 
-def render(console: Console, fits: Sequence[Profile], check: Profile, rep: Report) -> None:
-    fitted_on = ", ".join(f"{p.csv} ({p.arch.name})" for p in fits) or "the shipped factors"
-    table = Table(title=f"{check.csv} ({check.arch.name}) predicted from {fitted_on}")
+def _error_table(title: str, errors: Sequence[FitError], hardware: dict[str, str]) -> Table:
+    table = Table(title=title)
     for column in ("hardware", "phase", "rows", "median |err| %", "p90 |err| %", "bias %"):
         numeric = "%" in column or column == "rows"
         table.add_column(column, justify="right" if numeric else "default")
-    for e in rep.errors:
+    for e in errors:
         table.add_row(
-            f"{rep.hardware[e.kind]} ({e.kind})",
+            f"{hardware.get(e.kind, e.kind)} ({e.kind})",
             e.phase.value,
             str(e.n),
             f"{e.median_abs_pct:.1f}",
             f"{e.p90_abs_pct:.1f}",
             f"{e.median_bias_pct:+.1f}",
         )
-    console.print(table)
+    return table
+
+
+def render(console: Console, fits: Sequence[Profile], check: Profile, rep: Report) -> None:
+    fitted_on = ", ".join(f"{p.csv} ({p.arch.name})" for p in fits) or "the shipped factors"
+    title = f"held out: {check.csv} ({check.arch.name}) predicted from {fitted_on}"
+    console.print(_error_table(title, rep.errors, rep.hardware))
+    if rep.in_sample:
+        tuning = f"in-sample (tuning rows): {fitted_on} predicted from its own fit"
+        console.print(_error_table(tuning, rep.in_sample, {}))
     for kind, source in rep.fitted.items():
         kf = rep.factors.for_kind(kind)
         values = ", ".join(f"{k}={v:.4g}" for k, v in kf.to_dict().items())
-        pinned = at_bounds(kf) if source == "fit" else []
+        pinned = rep.pinned(kind)
         note = f"; at a bound: {', '.join(pinned)}" if pinned else ""
         console.print(f"{kind} factors ({source}{note}): {values}")
     for m in rep.set_aside:

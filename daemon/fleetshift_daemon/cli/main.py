@@ -25,6 +25,7 @@ from fleetshift_daemon.cli.progress import operation_summary, operations_table, 
 from fleetshift_daemon.cli.tables import nodes_table, plan_table, traffic_table, workers_table
 from fleetshift_daemon.localfleet import LocalFleet
 from fleetshift_rpc import pki
+from fleetshift_rpc.replicas import leader_hint, sync_daemon_channel
 from fleetshift_rpc.security import client_credentials
 
 # Piped output (CI logs, the README demo) is not a terminal: keep tables wide enough to read.
@@ -32,11 +33,12 @@ console = Console(width=None if sys.stdout.isatty() else 140)
 
 
 def open_channel(args: argparse.Namespace) -> grpc.Channel:
-    """Plaintext to a loopback development daemon; TLS (+ certificate or token) otherwise."""
+    """Plaintext to a loopback development daemon; TLS (+ certificate or token) otherwise.
+    ``--daemon`` may list every replica: the channel fails over between them."""
     if not args.ca:
-        return grpc.insecure_channel(args.daemon)
+        return sync_daemon_channel(args.daemon)
     creds = client_credentials(args.ca, args.cert, args.key, args.token)
-    return grpc.secure_channel(args.daemon, creds)
+    return sync_daemon_channel(args.daemon, credentials=creds)
 
 
 def _operator(args: argparse.Namespace) -> tuple[grpc.Channel, pb_grpc.FleetOperatorStub]:
@@ -219,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--daemon",
         default=os.environ.get("FLEETSHIFT_DAEMON", "127.0.0.1:50051"),
-        help="daemon address (env FLEETSHIFT_DAEMON)",
+        help="daemon address, or every replica's, comma-separated (env FLEETSHIFT_DAEMON)",
     )
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
     env = os.environ.get
@@ -314,6 +316,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return gateway(argv[1:])
     args = _parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except grpc.RpcError as err:
+        leader = leader_hint(err)
+        if not leader or leader == args.daemon:
+            console.print(f"[red]{err.code().name}[/]: {err.details()}")
+            return 1
+    # A follower under TLS names the leader instead of forwarding (docs/replicas.md).
+    console.print(f"[yellow]the leader is at {leader}[/]: sending the command there")
+    args.daemon = leader
     try:
         return int(args.run(args))
     except grpc.RpcError as err:

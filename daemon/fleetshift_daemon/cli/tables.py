@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
+from typing import Protocol
 
 from rich.table import Table
 
@@ -57,6 +58,23 @@ def nodes_table(nodes: Sequence[pb.Node], now: float | None = None) -> Table:
 
 
 ROLE_TEXT = {code: role.value for code, role in ROLE_FROM_PB.items()}  # the daemon's one mapping
+NOMINAL_NOTE = "TP n*: nominal, declared GPUs reserved; the {} engine computes on one device"
+
+
+class _Shape(Protocol):  # a WorkerStatus or a PlannedWorker
+    tensor_parallel: int
+    tensor_parallel_nominal: bool
+    engine: str
+
+
+def tp_text(w: _Shape) -> str:
+    """A worker's TP, starred when nominal (the daemon's ``core.engine_fit``)."""
+    return f"{w.tensor_parallel}*" if w.tensor_parallel_nominal else str(w.tensor_parallel)
+
+
+def _nominal_caption(items: Sequence[_Shape]) -> str | None:
+    engines = sorted({i.engine for i in items if i.tensor_parallel_nominal})
+    return NOMINAL_NOTE.format("/".join(engines)) if engines else None
 
 
 def workers_table(workers: Sequence[pb.WorkerStatus]) -> Table:
@@ -86,13 +104,14 @@ def workers_table(workers: Sequence[pb.WorkerStatus]) -> Table:
             w.node_name or "-",
             w.model,
             ROLE_TEXT.get(w.role, "?"),
-            str(w.tensor_parallel),
+            tp_text(w),
             ",".join(str(i) for i in w.gpu_indices),
             state,
             str(len(w.session_ids)),
             kv,
             w.endpoint,
         )
+    table.caption = _nominal_caption(workers)
     return table
 
 
@@ -135,7 +154,8 @@ def plan_table(plan: object) -> Table:
             else "-"
         )
         dst = (
-            f"{ROLE_TEXT.get(m.target.role, '?')} {m.target.gpu_kind}@{m.target.node_name}"
+            f"{ROLE_TEXT.get(m.target.role, '?')} {m.target.gpu_kind}"
+            f" x{tp_text(m.target)}@{m.target.node_name}"
             if m.HasField("target")
             else "-"
         )
@@ -153,4 +173,5 @@ def plan_table(plan: object) -> Table:
             str(m.sessions_affected),
             f"{m.predicted_gain_tokens_per_s:,.0f}",
         )
+    table.caption = _nominal_caption([m.target for m in p.moves if m.HasField("target")])  # type: ignore[attr-defined]
     return table

@@ -3,9 +3,18 @@
 Each GPU kind's factors are fitted by least squares on the log of predicted/measured time
 (relative error, so a 30 ms step weighs as much as a 5 s prefill), with a soft-L1 loss so a
 few odd rows cannot drag the fit, inside the factors' physical bounds
-(``perf_factors.FACTOR_BOUNDS``). Configurations whose run did not hold its batch are set
-aside first (``measurements.inconsistent``). The long-pass threshold is a kink least squares
-cannot move, so it is chosen from ``LONG_PASS_GRID`` on the fitting data.
+(``perf_factors.FACTOR_BOUNDS``), and with each factor's prior (``perf_factors.PRIORS``) as
+one more residual: a departure of one prior width costs as much as one row ``PRIOR_WEIGHT``
+off, so where the rows tell two factors apart the rows decide, and where they cannot (a link
+latency against a stack's per-worker time) the prior does instead of chance. Configurations
+whose run did not hold its batch are set aside first (``measurements.inconsistent``). The
+long-pass threshold is a kink least squares cannot move, so it is chosen from
+``LONG_PASS_GRID`` on the fitting data.
+
+Only what the rows can move is fitted (``fitted_names``): link and per-worker factors need
+rows at TP > 1, the long-pass slowdown is a GPU serving stack's, a Python engine's per-row
+dispatch is the reference engine's (a CPU kind); the rest keep their start (or prior) values
+and are not reported as fitted.
 
 Rows of several models (each with its architecture) can be fitted together: the factors are
 hardware and engine properties, so one set per kind must describe every model measured there.
@@ -35,20 +44,32 @@ import numpy as np
 from scipy.optimize import least_squares  # type: ignore[import-untyped]
 
 from fleetshift_daemon.core.corrections import Phase
+from fleetshift_daemon.core.gpus import GpuKind
 from fleetshift_daemon.core.measurements import (
     HARDWARE_KINDS,
     Measurement,
+    hardware_kind,
     load_measurements,
     screened,
 )
 from fleetshift_daemon.core.perf_factors import (
     FACTOR_BOUNDS,
+    PRIORS,
     SHIPPED_ALIASES,
     CalibrationKey,
     EfficiencyFactors,
     KindFactors,
 )
-from fleetshift_daemon.core.perfmodel import Deployment, Dtype, ModelArch, PerfModel, llama2_70b
+from fleetshift_daemon.core.perfmodel import (
+    REFERENCE_CPU_ENGINE,
+    Deployment,
+    Dtype,
+    ModelArch,
+    PerfCoefficients,
+    PerfModel,
+    engine_shape,
+    llama2_70b,
+)
 
 __all__ = [
     "HARDWARE_KINDS",
@@ -65,16 +86,22 @@ __all__ = [
 
 # kind -> the kind whose factors it shares, differing only in compute_scale
 CAPPED: dict[str, str] = {"H100-SXM-PCAP70": "H100-SXM"}
+# every factor a fit can move, in a fixed order (``fitted_names`` picks those rows can tell)
 FITTED = (
     "gemm_eff",
     "bw_eff",
     "link_latency_s",
     "link_eff",
     "step_overhead_s",
+    "worker_overhead_s",
     "seq_overhead_s",
     "prefill_seq_overhead_s",
     "long_pass_token_s",
+    "layer_row_s",
 )
+LINK = ("link_latency_s", "link_eff", "worker_overhead_s")
+# a prior's residual: one width off costs as much as one row this far off in log time (5 %)
+PRIOR_WEIGHT = 0.05
 # where a fit starts: mid-range fractions, times of the order a serving stack shows
 START: dict[str, float] = {
     "gemm_eff": 0.6,
@@ -85,6 +112,8 @@ START: dict[str, float] = {
     "seq_overhead_s": 1e-4,
     "prefill_seq_overhead_s": 1e-3,
     "long_pass_token_s": 5e-5,
+    "worker_overhead_s": 1e-3,
+    "layer_row_s": 7.5e-5,
 }
 LONG_PASS_GRID: tuple[float, ...] = (1024.0, 1536.0, 2048.0, 3072.0, 4096.0)
 
@@ -120,31 +149,112 @@ def _groups(rows: Sequence[Row]) -> dict[str, list[str]]:
     return groups
 
 
-def _kind_factors(x: Sequence[float], knee: float, scale: float = 1.0) -> KindFactors:
-    values = {name: float(v) for name, v in zip(FITTED, x, strict=True)}
+def factor_names(kind: GpuKind, multi_gpu: bool) -> tuple[str, ...]:
+    """The factors rows of ``kind`` can move (at TP > 1 when ``multi_gpu``): the module doc."""
+    reference = engine_shape(kind) == REFERENCE_CPU_ENGINE
+    skip = set() if multi_gpu else set(LINK)
+    skip |= {"long_pass_token_s"} if reference else {"layer_row_s"}
+    return tuple(n for n in FITTED if n not in skip)
+
+
+def fitted_names(rows: Sequence[Row]) -> tuple[str, ...]:
+    """The factors ``rows`` (one fitting group) can move."""
+    return factor_names(rows[0].m.kind, any(r.m.tp > 1 for r in rows))
+
+
+def _kind_factors(
+    names: Sequence[str], x: Sequence[float], knee: float, scale: float = 1.0
+) -> KindFactors:
+    values = {n: START[n] for n in FITTED}
+    values.update({"layer_row_s": 0.0, "long_pass_token_s": 0.0})
+    values.update({name: float(v) for name, v in zip(names, x, strict=True)})
+    knee = knee if values["long_pass_token_s"] > 0 else 0.0
     return KindFactors(**values, long_pass_tokens=knee, compute_scale=scale)
+
+
+@dataclass(frozen=True)
+class _Features:
+    """Rows as arrays, grouped by deployment, so one evaluation computes each deployment's
+    coefficients once and every row's time with a few vector operations."""
+
+    deps: list[Deployment]
+    index: np.ndarray  # row -> its deployment
+    prefill: np.ndarray  # bool
+    total: np.ndarray  # prefill: tokens in the pass
+    sum_sq: np.ndarray
+    n_seqs: np.ndarray  # prefill: sequences; decode: batch
+    ctx: np.ndarray  # decode: context tokens of the batch
+
+    @classmethod
+    def of(cls, rows: Sequence[Row]) -> _Features:
+        deps: dict[Deployment, int] = {}
+        index = []
+        for r in rows:
+            dep = Deployment(arch=r.arch, gpu=r.m.kind, tp=r.m.tp, dtype=r.dtype)
+            index.append(deps.setdefault(dep, len(deps)))
+        p = np.array([r.m.prompt_size for r in rows], dtype=float)
+        b = np.array([r.m.batch_size for r in rows], dtype=float)
+        t = np.array([r.m.token_size // 2 for r in rows], dtype=float)
+        return cls(
+            deps=list(deps),
+            index=np.array(index),
+            prefill=np.array([r.m.phase is Phase.PREFILL for r in rows]),
+            total=p * b,
+            sum_sq=b * p * p,
+            n_seqs=b,
+            ctx=b * (p + t),
+        )
+
+    def times(self, factors: Mapping[str, KindFactors]) -> np.ndarray:
+        """What ``predict`` gives for every row, without a PerfModel per evaluation."""
+        co = [_coefficients(d, factors[d.gpu.name]) for d in self.deps]
+        c = {
+            name: np.array([getattr(x, name) for x in co])[self.index]
+            for name in ("p0", "p_tok", "p_sq", "p_seq", "d0", "d_seq", "d_ctx", "p_min")
+        }
+        knee = np.array([x.knee_tokens for x in co])[self.index]
+        p_knee = np.array([x.p_knee for x in co])[self.index]
+        beyond = np.where(self.total > knee, self.total - np.minimum(knee, self.total), 0.0)
+        prefill = c["p0"] + c["p_tok"] * self.total + c["p_sq"] * self.sum_sq
+        prefill = np.maximum(prefill + c["p_seq"] * self.n_seqs + p_knee * beyond, c["p_min"])
+        decode = c["d0"] + c["d_seq"] * self.n_seqs + c["d_ctx"] * self.ctx
+        return np.asarray(np.where(self.prefill, prefill, decode))
+
+
+def _coefficients(dep: Deployment, kf: KindFactors) -> PerfCoefficients:
+    return PerfModel(EfficiencyFactors(per_kind={dep.gpu.name: kf})).coefficients(dep)
+
+
+def _prior_residuals(names: Sequence[str], x: np.ndarray) -> np.ndarray:
+    out = [
+        PRIOR_WEIGHT * (math.log(max(float(v), 1e-15)) - math.log(PRIORS[n][0])) / PRIORS[n][1]
+        for n, v in zip(names, x, strict=True)
+        if n in PRIORS
+    ]
+    return np.array(out)
 
 
 def _fit_group(
     base: str, members: Sequence[str], rows: Sequence[Row], knee: float, start: Sequence[float]
 ) -> tuple[float, dict[str, KindFactors]]:
+    names = fitted_names(rows)
     capped = [k for k in members if k != base]
-    lo = [FACTOR_BOUNDS[n][0] for n in FITTED] + [FACTOR_BOUNDS["compute_scale"][0]] * len(capped)
-    hi = [FACTOR_BOUNDS[n][1] for n in FITTED] + [1.0] * len(capped)
+    lo = [FACTOR_BOUNDS[n][0] for n in names] + [FACTOR_BOUNDS["compute_scale"][0]] * len(capped)
+    hi = [FACTOR_BOUNDS[n][1] for n in names] + [1.0] * len(capped)
     x0 = np.clip(np.array(list(start) + [0.8] * len(capped)), lo, hi)
     measured = np.log(np.array([r.m.seconds for r in rows]))
+    features = _Features.of(rows)
 
     def build(x: np.ndarray) -> dict[str, KindFactors]:
-        base_x = list(x[: len(FITTED)])
-        out = {base: _kind_factors(base_x, knee)}
+        base_x = list(x[: len(names)])
+        out = {base: _kind_factors(names, base_x, knee)}
         for i, name in enumerate(capped):
-            out[name] = _kind_factors(base_x, knee, float(x[len(FITTED) + i]))
+            out[name] = _kind_factors(names, base_x, knee, float(x[len(names) + i]))
         return out
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        model = PerfModel(EfficiencyFactors(per_kind=build(x)))
-        pred = [predict(model, r.arch, r.m, r.dtype) for r in rows]
-        return np.asarray(np.log(np.array(pred)) - measured)
+        fit = np.log(features.times(build(x))) - measured
+        return np.concatenate([fit, _prior_residuals(names, x[: len(names)])])
 
     result = least_squares(
         residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.02, x_scale="jac"
@@ -168,9 +278,11 @@ def fit_rows(rows: Sequence[Row]) -> EfficiencyFactors:
     per_kind: dict[str, KindFactors] = {}
     for base, members in _groups(by_m).items():
         group_rows = [r for r in by_m if r.m.kind.name in members]
-        starts = ([START[n] for n in FITTED], [sum(FACTOR_BOUNDS[n]) / 2 for n in FITTED])
+        names = fitted_names(group_rows)
+        starts = ([START[n] for n in names], [sum(FACTOR_BOUNDS[n]) / 2 for n in names])
+        knees = LONG_PASS_GRID if "long_pass_token_s" in names else (0.0,)
         best: tuple[float, dict[str, KindFactors]] | None = None
-        for knee in LONG_PASS_GRID:
+        for knee in knees:
             for start in starts:
                 cost, factors = _fit_group(base, members, group_rows, knee, start)
                 if best is None or cost < best[0]:
@@ -275,18 +387,18 @@ def format_factors(per_kind: Mapping[str, KindFactors]) -> str:
         for f in fields(KindFactors):
             value = getattr(kf, f.name)
             value = 0.0 if abs(value) < 1e-12 else value
-            if f.name == "compute_scale" and value == 1.0:
-                continue
+            if value == f.default and f.name in ("compute_scale", "layer_row_s"):
+                continue  # at its default: 1.0 (no power cap), 0 (not a Python engine)
             lines.append(f"        {f.name}={float(f'{value:.4g}')!r},")
         lines.append("    ),")
     lines.append("}")
     return "\n".join(lines)
 
 
-def at_bounds(kf: KindFactors) -> list[str]:
-    """Fitted factors that ended within 0.1 % of the bound range of a physical bound."""
+def at_bounds(kf: KindFactors, names: Sequence[str] = FITTED) -> list[str]:
+    """Fitted factors (of ``names``) that ended within 0.1 % of the range of a bound."""
     out = []
-    for name in FITTED:
+    for name in names:
         lo, hi = FACTOR_BOUNDS[name]
         value = getattr(kf, name)
         if min(value - lo, hi - value) < 1e-3 * (hi - lo):
@@ -310,7 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"p90 {e.p90_abs_pct:5.1f}% bias {e.median_bias_pct:+5.1f}% max {e.max_abs_pct:6.1f}%"
         )
     for kind, kf in factors.per_kind.items():
-        print(f"{kind}: at a bound: {', '.join(at_bounds(kf)) or 'none'}")
+        pinned = at_bounds(kf, factor_names(hardware_kind(kind), multi_gpu=True))
+        print(f"{kind}: at a bound: {', '.join(pinned) or 'none'}")
     return 0 if all(not math.isnan(e.median_abs_pct) for e in errors) else 1
 
 

@@ -48,6 +48,7 @@ from fleetshift_common.blocking import in_thread
 from fleetshift_common.errors import FailedPrecondition, FleetShiftError
 from fleetshift_common.failpoints import Failpoints
 from fleetshift_common.vocabulary import Role, StepPhase, WorkerState
+from fleetshift_daemon.core.fleet import NodeState
 from fleetshift_daemon.core.fleet_client import (
     AgentRef,
     FleetClient,
@@ -155,6 +156,8 @@ class Executor:
         self._failpoints: PhaseHook = failpoints or Failpoints()
         self.settings = settings or ExecutionSettings()
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._cause = "the daemon restarted"  # why a recovered step was cut short
+        self._replan = False  # run such a step again (leader change) instead of failing
 
     # -- lifecycle ---------------------------------------------------------------------------
     def submit(self, op: Operation, recovering: bool = False) -> None:
@@ -169,20 +172,32 @@ class Executor:
         if self._tasks.get(op_id) is task:
             del self._tasks[op_id]
 
-    def recover(self) -> list[str]:
-        """Resume every operation a previous daemon process left unfinished."""
+    def recover(self, cause: str = "the daemon restarted", replan: bool = False) -> list[str]:
+        """Resume every operation a previous daemon process (or a previous leader) left
+        unfinished; ``cause`` opens the error of a step that had to be rolled back.
+
+        With ``replan`` (a new leader taking over) a rolled-back step that still holds (its
+        source serves, its target is ready with the GPUs free) is run again as a new step
+        instead of failing the operation; otherwise the operation fails as after a restart."""
+        self._cause, self._replan = cause, replan
         resumed = []
         for op in self._ops.list(limit=10_000, unfinished_only=True):
-            log.warning("resuming operation after a restart", extra={"operation": op.id})
+            log.warning("resuming operation: %s", cause, extra={"operation": op.id})
             self.submit(op, recovering=True)
             resumed.append(op.id)
         return resumed
 
-    async def stop(self) -> None:
+    async def abandon(self) -> None:
+        """Stop acting at once (this replica was deposed): cancel every running operation
+        where it stands. Its record stays as the last write left it; the next leader recovers
+        it by the same rule as after a restart."""
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def stop(self) -> None:
+        await self.abandon()
         await self._fleet.close()
 
     async def wait_idle(self) -> None:
@@ -288,10 +303,51 @@ class Executor:
             if rolls_forward(step.phase):
                 await self._finish_forward(op.id, step)
                 return ""
-            why = f"the daemon restarted during step {step.index} at phase {step.phase.value!r}"
+            why = f"{self._cause} during step {step.index} at phase {step.phase.value!r}"
             await self._rollback(op.id, step, why)
-            return why + "; rolled back"
+            if not self._replan:
+                return why + "; rolled back"
+            blocked = self._still_valid(step)
+            if blocked:
+                return f"{why}; rolled back, not re-planned: {blocked}"
+            await self._append_retry(op.id, step)
+            log.warning("step %d re-planned after: %s", step.index, why, extra={"operation": op.id})
+            return ""
         return ""
+
+    def _still_valid(self, step: Step) -> str:
+        """Why a rolled-back step cannot simply run again now ("" when it can): its source
+        must serve, free, and its target node must be ready with the planned GPUs free."""
+        if step.worker_id:
+            source = self._workers.find(step.worker_id)
+            if source is None or source.state is not WorkerState.SERVING or source.operation_id:
+                return f"worker {step.worker_id!r} no longer serves free of other work"
+        if step.target_node and step.kind is not StepKind.RETIRE:
+            node = self._registry.get(step.target_node)
+            if node.state is not NodeState.READY or node.cordoned:
+                return f"node {step.target_node!r} is {node.state.value}, cordoned={node.cordoned}"
+            taken = self._workers.gpus_in_use(step.target_node) & set(step.target_gpus)
+            if taken:
+                return f"GPUs {sorted(taken)} of {step.target_node!r} are in use"
+        return ""
+
+    async def _append_retry(self, op_id: str, step: Step) -> None:
+        """The same step again, from the start, as the operation's next step."""
+        op = self._ops.get(op_id)
+        retry = Step(
+            index=len(op.steps),
+            kind=step.kind,
+            worker_id=step.worker_id,
+            target_node=step.target_node,
+            target_role=step.target_role,
+            target_gpus=step.target_gpus,
+            model=step.model,
+            tp=step.tp,
+            dtype=step.dtype,
+            predicted_gain=step.predicted_gain,
+            predicted_pause_s=step.predicted_pause_s,
+        )
+        await self._save(op_id, steps=(*op.steps, retry))
 
     async def _run_step(self, op_id: str, index: int) -> None:
         step = self._ops.get(op_id).steps[index]

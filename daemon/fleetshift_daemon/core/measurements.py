@@ -102,34 +102,58 @@ class Measurement:
         return self.measured_on or hardware_kind(self.hardware)
 
 
-def cpu_kind(hardware: str, sidecar: Path) -> GpuKind:
-    """The CPU a profile ran on, from the peaks its sidecar says were measured there.
+# bytes per value of a worker's dtype (the sidecar's ``worker.dtype``)
+_VALUE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
-    ``host.measured_peaks``: ``matmul_tflops`` (in the worker's dtype) and ``copy_gbps``. The
-    model runs an FP32 worker at half the kind's ``bf16_tflops`` and counts its 4-byte values,
-    so an FP32 matmul rate is doubled into that field and the copy rate taken as measured.
-    Without a readable sidecar: ``CPU_HOST``'s nominal figures under the profile's name.
+
+def cpu_kind(
+    hardware: str, peaks: Mapping[str, object], memory_gb: float, dtype: str = "float32"
+) -> GpuKind:
+    """A CPU as a hardware kind: the peaks ``fleetshift profile`` measured on it, never invented.
+
+    ``peaks``: ``matmul_tflops`` (a timed matrix product in the worker's ``dtype``) and
+    ``copy_gbps`` (a timed copy, read + write counted). One convention, the performance
+    model's: a float32 worker is modelled as ``Dtype.FP32``, which counts 4-byte weights and KV
+    and runs its matmuls at half the kind's ``bf16_tflops``; so a float32 matmul rate is doubled
+    into that field, and the copy rate is the bytes/s the host moved, as measured. A CPU worker
+    is one socket: no interconnect counts. A peak that is missing or not a positive number is
+    refused, naming it.
     """
-    name = CPU_HOST.name if hardware == "cpu" else hardware
+    rates = {}
+    for key in ("matmul_tflops", "copy_gbps"):
+        raw = peaks.get(key)
+        value = float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else 0.0
+        if not (math.isfinite(value) and value > 0):
+            raise InvalidArgument(
+                f"measured_peaks.{key} must be a positive number, got {raw!r}", field=key
+            )
+        rates[key] = value
+    fp32 = _VALUE_BYTES.get(dtype, 4) == 4
+    tflops = rates["matmul_tflops"] * (2 if fp32 else 1)
+    return dataclasses.replace(
+        CPU_HOST,
+        name=CPU_HOST.name if hardware == "cpu" else hardware,
+        bf16_tflops=tflops,
+        int8_tops=tflops,
+        hbm_tbps=rates["copy_gbps"] / 1e3,
+        hbm_gb=memory_gb,
+    )
+
+
+def cpu_kind_from_sidecar(hardware: str, sidecar: Path) -> GpuKind:
+    """``cpu_kind`` of the peaks a profile's JSON sidecar (``OUT.json``) recorded.
+
+    Without a readable sidecar, or with unusable peaks: ``CPU_HOST``'s nominal figures under
+    the profile's name (a hand-written CSV still loads; its kind says it was not measured).
+    """
     try:
         data = json.loads(sidecar.read_text())
         host = data["host"]
-        peaks = host["measured_peaks"]
-        tflops, copy_gbps = float(peaks["matmul_tflops"]), float(peaks["copy_gbps"])
         memory = float(host.get("memory_gb", CPU_HOST.hbm_gb))
-        fp32 = str(data.get("worker", {}).get("dtype", "float32")) == "float32"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return dataclasses.replace(CPU_HOST, name=name)
-    if not (math.isfinite(tflops) and tflops > 0 and math.isfinite(copy_gbps) and copy_gbps > 0):
-        return dataclasses.replace(CPU_HOST, name=name)
-    return dataclasses.replace(
-        CPU_HOST,
-        name=name,
-        bf16_tflops=tflops * (2 if fp32 else 1),
-        int8_tops=tflops * 2,
-        hbm_tbps=copy_gbps / 1e3,
-        hbm_gb=memory,
-    )
+        dtype = str(data.get("worker", {}).get("dtype", "float32"))
+        return cpu_kind(hardware, host["measured_peaks"], memory, dtype)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, InvalidArgument):
+        return dataclasses.replace(CPU_HOST, name=CPU_HOST.name if hardware == "cpu" else hardware)
 
 
 def _int_field(row: Mapping[str, str], key: str, where: str) -> int:
@@ -177,7 +201,7 @@ def load_measurements(path: Path) -> list[Measurement]:
             where = f"{path}:{line}"
             hw = (row.get("hardware") or "").strip()
             if hw.lower().startswith("cpu"):
-                kinds.setdefault(hw, cpu_kind(hw, path.with_suffix(".json")))
+                kinds.setdefault(hw, cpu_kind_from_sidecar(hw, path.with_suffix(".json")))
             else:
                 hardware_kind(hw, where)
             models.add((row.get("model") or "").strip())

@@ -221,36 +221,6 @@ def _measurement(
     )
 
 
-_VALUE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def cpu_kind(
-    hardware: str, peaks: Mapping[str, float], memory_gb: float, dtype: str = "float32"
-) -> GpuKind:
-    """A CPU as a "hardware kind": the peak compute and bandwidth ``fleetshift profile``
-    measured on it (a timed matmul and memory copy, in its sidecar), never invented figures.
-
-    The performance model counts weights and KV in 2-byte values (BF16); a CPU worker computes
-    in its own ``dtype`` (float32: 4 bytes). Streaming 4-byte values at B bytes/s takes as long
-    as 2-byte ones at B/2, so the measured copy rate is scaled by 2 / bytes per value; the
-    measured matmul rate is already the rate in that dtype. A CPU worker is one socket: no
-    interconnect counts."""
-    scale = 2 / _VALUE_BYTES.get(dtype, 4)
-    tflops = float(peaks["matmul_tflops"])
-    return GpuKind(
-        name=hardware,
-        product_patterns=(),
-        bf16_tflops=tflops,
-        fp8_tflops=None,
-        int8_tops=tflops,
-        hbm_gb=memory_gb,
-        hbm_tbps=float(peaks["copy_gbps"]) * scale / 1e3,
-        nvlink_gbps=0.0,
-        tdp_w=1.0,
-        price_per_hour=0.0,
-    )
-
-
 Fitter = Callable[[Sequence[calibration.Measurement], ModelArch, GpuKind], KindFactors]
 
 

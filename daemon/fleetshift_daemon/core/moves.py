@@ -19,6 +19,7 @@ from fleetshift_common.errors import (
     NotFound,
     ResourceExhausted,
 )
+from fleetshift_daemon.core.engine_fit import EngineCannotRun, check_tp
 from fleetshift_daemon.core.fleet import NodeRecord, NodeState
 from fleetshift_daemon.core.operations import Operation, Step, StepKind
 from fleetshift_daemon.core.perfmodel import Deployment
@@ -131,6 +132,9 @@ class MovePlanner:
         reserved: set[tuple[str, int]],
     ) -> tuple[int, ...]:
         tp = spec.tp
+        served = self._placement.models.get(spec.model)
+        if served is not None:  # the engine's one-device limit, before any agent call
+            check_tp(spec.model, served.engine, tp, target)
         present = {g.index for g in target.gpus}
         busy = self._workers.gpus_in_use(target.name) | {i for n, i in reserved if n == target.name}
         if wanted:
@@ -259,6 +263,8 @@ class MovePlanner:
                     len(steps),
                     reserved,
                 )
+            except EngineCannotRun:
+                raise
             except (FailedPrecondition, InvalidArgument, NotFound):
                 continue  # the fleet moved on since the plan; the next pass re-plans
             reserved.extend((step.target_node, i) for i in step.target_gpus)
@@ -303,6 +309,8 @@ class MovePlanner:
         spec = WorkerSpec(target.model, target.role, target.tp, target.dtype)
         try:
             gpus = self._target_gpus(spec, self._target_node(target.node), (), set(reserved))
+        except EngineCannotRun:
+            raise
         except (FailedPrecondition, InvalidArgument, NotFound):
             return None  # the node changed since the plan; the next pass re-plans
         return Step(

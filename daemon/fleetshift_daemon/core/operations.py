@@ -167,6 +167,21 @@ class OperationLog:
                 op.idempotency_key: op.id for op in self._ops.values() if op.idempotency_key
             }
 
+    def refresh(self) -> list[Operation]:
+        """A follower's catch-up with the store (the leader writes every change there):
+        listeners hear of each operation that changed, as they would on the leader."""
+        stored = self._store.load_operations()
+        with self._lock:
+            changed = [op for op in stored if self._ops.get(op.id) != op]
+            for op in changed:
+                self._ops[op.id] = op
+                if op.idempotency_key:
+                    self._by_key[op.idempotency_key] = op.id
+        for op in changed:
+            for listener in self._listeners:
+                listener(op)
+        return changed
+
     def on_change(self, listener: Callable[[Operation], None]) -> None:
         self._listeners.append(listener)
 

@@ -16,8 +16,15 @@ measured times. Per step on a TP group of t GPUs:
   one padded query row per sequence against its context.
 - Communication: two all-reduces of the hidden state per layer, ring algorithm: latency per
   hop and bandwidth per link kind (NVLink within a node, else PCIe).
-- Engine: a fixed time per step, per decode sequence and per prefill sequence; none scales
-  with model size.
+- Engine: a fixed time per step, and per step per TP worker beyond the first (the engine
+  drives every worker each step; this, not per-layer link latency, is what grows a step's
+  fixed time with TP on the measured stacks), per decode sequence and per prefill sequence;
+  none scales with model size. A Python engine adds a dispatch time per layer and token row.
+- Engine shape (``EngineShape``, fixed per engine, not fitted): a GPU serving engine pads GEMM
+  dimensions to tensor-core tiles and reads each sequence's KV prefix once per query tile; the
+  reference engine on a CPU runs plain float32 matmuls (no tile padding) and attends one query
+  row at a time, so a prefill re-reads the KV prefix for every row (memory traffic that grows
+  with the square of the prompt).
 - Prefill is compute-bound (weights stream under the GEMMs: the larger of the two counts); a
   decode step streams the weights once and adds each sequence's compute on top (small-batch
   decode does not overlap them).
@@ -62,6 +69,27 @@ EMBED_BYTES_PER_PARAM = 2  # embeddings and LM head stay BF16 under FP8 / INT4 w
 # narrow matrix cost more than their FLOPs. Fixed geometry, not fitted: with one model at
 # three TP degrees a free padding is not identifiable apart from the GEMM efficiency.
 TILE_PAD = 32.0
+
+
+@dataclass(frozen=True)
+class EngineShape:
+    """What an engine's kernels look like, which sets how FLOPs and bytes become time."""
+
+    tile_pad: float  # every GEMM dimension padded by this many on average
+    kv_reread_per_row: bool  # prefill attention reads the KV prefix once per query row
+
+
+GPU_ENGINE = EngineShape(tile_pad=TILE_PAD, kv_reread_per_row=False)
+REFERENCE_CPU_ENGINE = EngineShape(tile_pad=0.0, kv_reread_per_row=True)
+
+
+def engine_shape(gpu: GpuKind) -> EngineShape:
+    """The reference engine on a CPU kind (``cpu``/``cpu-<model>``), else a GPU serving engine.
+
+    A CPU kind is only ever a profile of the reference engine on this project's hosts, so the
+    kind names the engine; a GPU kind is served by a batched-kernel engine (vLLM-like).
+    """
+    return REFERENCE_CPU_ENGINE if gpu.name.lower().startswith("cpu") else GPU_ENGINE
 
 
 class Dtype(enum.Enum):
@@ -239,13 +267,12 @@ def _layer_gemms(arch: ModelArch, tp: int) -> list[tuple[float, float, float]]:
     ]
 
 
-def _padded_gemm_flops(arch: ModelArch, tp: int) -> tuple[float, float]:
+def _padded_gemm_flops(arch: ModelArch, tp: int, s: float) -> tuple[float, float]:
     """Padded linear-layer FLOPs of a pass of M tokens on one GPU: ``a0 + a1 * M``.
 
-    Scaled from the dense shapes to ``active_param_count()``: a mixture of experts multiplies
-    each token through its routed experts only.
+    ``s``: the engine's tile padding. Scaled from the dense shapes to ``active_param_count()``:
+    a mixture of experts multiplies each token through its routed experts only.
     """
-    s = TILE_PAD
     gemms = _layer_gemms(arch, tp)
     dense = arch.n_layers * sum(nk for _, _, nk in gemms)
     active = arch.active_param_count() - arch.embedding_params - arch.hidden
@@ -270,29 +297,35 @@ def _comm(dep: Deployment, kf: KindFactors) -> tuple[float, float]:
 
 def _raw_coefficients(dep: Deployment, kf: KindFactors, reserve: float) -> PerfCoefficients:
     _validate(dep)
-    arch, gpu, tp, s = dep.arch, dep.gpu, dep.tp, TILE_PAD
+    arch, gpu, tp = dep.arch, dep.gpu, dep.tp
+    shape = engine_shape(gpu)
+    s = shape.tile_pad
     kv_cap = _kv_capacity(dep, reserve)
     gemm_rate = _peak_flops(dep) * kf.gemm_eff
     attn_rate = _bf16_flops(dep) * kf.gemm_eff
     mem_rate = gpu.hbm_tbps * 1e12 * tp * kf.bw_eff
-    engine = kf.step_overhead_s
+    engine = kf.step_overhead_s + kf.worker_overhead_s * (tp - 1)
+    rows = arch.n_layers * kf.layer_row_s  # per token row of a pass (a Python engine's loop)
     latency, comm_tok = _comm(dep, kf)
-    g0, g1 = (x / gemm_rate for x in _padded_gemm_flops(arch, tp))
+    g0, g1 = (x / gemm_rate for x in _padded_gemm_flops(arch, tp, s))
     weights_s = _weight_bytes(dep) / mem_rate
+    kv_s = _kv_bytes_per_token(dep, physical=True) / mem_rate  # one token's KV, all layers
     lm_head = 2 * (arch.hidden + s) * (arch.vocab / tp + s) / gemm_rate  # per sequence
     heads = arch.n_layers * arch.n_heads / tp * (arch.head_dim + s) / attn_rate
     # causal prefill attention of one sequence of L tokens: 2 (L+s)^2 (d+s) FLOPs per head
-    # and layer, summed: 2 (sum L^2 + 2 s sum L + s^2 n)
+    # and layer, summed: 2 (sum L^2 + 2 s sum L + s^2 n); one row at a time, query i also
+    # reads the i keys and values before it: sum L^2 / 2 tokens' KV
     # a decode step: 4 (1+s)(ctx+s)(d+s) per sequence, plus its KV read
+    reread = kv_s / 2 if shape.kv_reread_per_row else 0.0
     slow = kf.compute_scale  # a power cap slows the whole prefill pass, not decode
     return PerfCoefficients(
         p0=(engine + latency + g0) / slow,
-        p_tok=(g1 + comm_tok + 4 * s * heads) / slow,
-        p_sq=2 * heads / slow,
+        p_tok=(g1 + comm_tok + rows + 4 * s * heads) / slow,
+        p_sq=(2 * heads + reread) / slow,
         p_seq=(lm_head + kf.prefill_seq_overhead_s + 2 * s * s * heads) / slow,
         d0=engine + latency + weights_s,
-        d_seq=g1 + lm_head + comm_tok + kf.seq_overhead_s + 4 * (1 + s) * s * heads,
-        d_ctx=_kv_bytes_per_token(dep, physical=True) / mem_rate + 4 * (1 + s) * heads,
+        d_seq=g1 + lm_head + comm_tok + rows + kf.seq_overhead_s + 4 * (1 + s) * s * heads,
+        d_ctx=kv_s + 4 * (1 + s) * heads,
         kv_capacity_tokens=kv_cap,
         kv_bytes_per_token=_kv_bytes_per_token(dep, physical=False),
         knee_tokens=kf.long_pass_tokens if kf.long_pass_token_s > 0 else math.inf,

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fleetshift_common.bounds import MAX_CONTEXT_TOKENS
+from fleetshift_common.engines import REFERENCE
 from fleetshift_common.errors import FailedPrecondition, InvalidArgument, NotFound
 from fleetshift_daemon.core.burst import BurstSizer
 from fleetshift_daemon.core.corrections import CorrectionTable
+from fleetshift_daemon.core.engine_fit import TpFit, planned_tp_options, refusal, tp_fit
 from fleetshift_daemon.core.estimator import EstimatorError, OutputLengthEstimator
 from fleetshift_daemon.core.fleet import InventorySource, NodeRecord, NodeState
 from fleetshift_daemon.core.gpus import GpuCatalogue, GpuKind
@@ -66,16 +68,16 @@ class ServedModel:
     # The model's context length (its config's max_position_embeddings): a request longer
     # than this cannot run, so Route refuses it and the traffic window never counts it.
     context_tokens: int = MAX_CONTEXT_TOKENS
-    # The engine its workers run ("reference" or "vllm") and that engine's arguments, passed
-    # to the agent as given (JSON of fleetshift_common.config.EngineArgs).
-    engine: str = "reference"
+    engine: str = REFERENCE  # which tp_options are real (``core.engine_fit``)
+    # The engine's arguments, passed to the agent as given (fleetshift_common.config.EngineArgs
+    # as JSON; empty for the reference engine).
     engine_args_json: str = ""
 
     @property
     def snapshots(self) -> bool:
         """Whether its workers can be snapshotted and restored (a warm move): only the
         reference engine's can; a vLLM worker moves cold, its sessions as token history."""
-        return self.engine == "reference"
+        return self.engine == REFERENCE
 
     @property
     def name(self) -> str:
@@ -374,6 +376,7 @@ class PlacementService:
             )
         best: tuple[tuple[float, float, int], WorkerSlot] | None = None
         excluded, taken = set(exclude_nodes), set(reserved)
+        engine_refused: NodeRecord | None = None
         for node in self._registry.nodes(NodeState.READY):
             kind = self.gpu_kind(node)
             if node.cordoned or kind is None or node.name in excluded:
@@ -382,6 +385,9 @@ class PlacementService:
             free = sorted({g.index for g in node.gpus} - busy)
             for size in (tp,) if tp else sorted(served.tp_options):
                 if len(free) < size or not self._fits(served, kind, size, dtype):
+                    continue
+                if tp_fit(served.engine, size, node) is TpFit.REFUSED:
+                    engine_refused = node
                     continue
                 rate = self._phase_rate(served, kind, size, dtype, role)
                 if rate <= 0:
@@ -402,6 +408,8 @@ class PlacementService:
                 if best is None or rank > best[0]:
                     best = (rank, slot)
                 break
+        if best is None and engine_refused is not None and tp:
+            raise refusal(model, served.engine, tp, engine_refused.name)
         if best is None:
             raise FailedPrecondition(
                 f"no ready, uncordoned node has free GPUs that fit {model!r} "
@@ -409,6 +417,14 @@ class PlacementService:
                 field="model",
             )
         return best[1]
+
+    def tp_fit(self, model: str, node_name: str, tp: int) -> TpFit | None:
+        """Whether ``model``'s engine runs ``tp`` on that node; None for an unknown one."""
+        served = self.models.get(model)
+        node = next((n for n in self._registry.nodes() if n.name == node_name), None)
+        if served is None or node is None:
+            return None
+        return tp_fit(served.engine, tp, node)
 
     def _served(self, model: str) -> ServedModel:
         served = self.models.get(model)
@@ -469,12 +485,16 @@ class PlacementService:
 
     def planning_input(self) -> PlanningInput:
         nodes = []
-        for node in self._registry.nodes(NodeState.READY):
+        ready = self._registry.nodes(NodeState.READY)
+        for node in ready:
             kind = self.gpu_kind(node)
             if kind is not None:
                 nodes.append(NodeCapacity(node.name, kind, len(node.gpus), node.cordoned))
         specs = [
-            ModelSpec(m.arch, m.dtypes, m.tp_options, m.min_workers) for m in self.models.values()
+            ModelSpec(
+                m.arch, m.dtypes, planned_tp_options(m.engine, m.tp_options, ready), m.min_workers
+            )
+            for m in self.models.values()
         ]
         demand = demand_from_traffic(self.traffic, self.models)
         slos = {m.name: m.slo for m in self.models.values()}

@@ -83,6 +83,29 @@ class Registry:
             self._nodes = {n.name: n for n in self._store.load_nodes()}
             self._last_seen = dict.fromkeys(self._nodes, now)
 
+    def refresh(self) -> bool:
+        """A follower's catch-up with the store: durable fields (state, cordon, inventory)
+        from the store, live ones (workers' counters, the latest heartbeat) kept from memory.
+        Nodes it has not heard from get a full timeout from now, as in ``load``."""
+        now = self._clock()
+        stored = self._store.load_nodes()
+        with self._lock:
+            fresh: dict[str, NodeRecord] = {}
+            for node in stored:
+                mine = self._nodes.get(node.name)
+                if mine is not None:
+                    beats = [t for t in (node.last_heartbeat_at, mine.last_heartbeat_at) if t]
+                    node = dataclasses.replace(
+                        node, workers=mine.workers, last_heartbeat_at=max(beats, default=None)
+                    )
+                fresh[node.name] = node
+                self._last_seen.setdefault(node.name, now)
+            changed = _durable(fresh) != _durable(self._nodes)
+            self._nodes = fresh
+        if changed:
+            self._changed()
+        return changed
+
     def register(self, reg: Registration) -> tuple[NodeRecord, bool]:
         check_registration(reg, self._limits)
         now = self._clock()
@@ -190,3 +213,8 @@ class Registry:
         if node is None:
             raise NodeNotFound(f"node {name!r} is not registered", field="node_name")
         return node
+
+
+def _durable(nodes: Mapping[str, NodeRecord]) -> dict[str, NodeRecord]:
+    """The nodes without their heartbeat times, which change every second."""
+    return {n: dataclasses.replace(r, last_heartbeat_at=None) for n, r in nodes.items()}

@@ -203,6 +203,51 @@ class WorkerTable:
             self._changed()
         return failed
 
+    def observe(self, node: str, reports: Sequence[WorkerReport]) -> None:
+        """A follower's share of a heartbeat: the live fields (counters, sessions, role epoch)
+        of workers it already knows, in memory only. Adopting, failing and every other durable
+        change is the leader's (it gets the same heartbeat); the view catches up on refresh."""
+        with self._lock:
+            for report in reports:
+                known = self._workers.get(report.worker_id)
+                if known is None or known.node != node:
+                    continue
+                newer = report.role_epoch >= known.role_epoch
+                self._put(
+                    dataclasses.replace(
+                        known,
+                        counters=report.counters,
+                        sessions=known.sessions if known.operation_id else report.sessions,
+                        role_epoch=report.role_epoch if newer else known.role_epoch,
+                    )
+                )
+
+    def refresh(self) -> bool:
+        """Bring the durable records in step with the store, keeping the live fields the
+        heartbeats gave; listeners hear of it only when a durable field changed."""
+        stored = self._store.load_workers()
+        with self._lock:
+            old = self._workers
+            fresh: dict[str, WorkerRecord] = {}
+            for worker in stored:
+                mine = old.get(worker.id)
+                if mine is not None:
+                    worker = dataclasses.replace(
+                        worker,
+                        counters=mine.counters,
+                        sessions=mine.sessions,
+                        role_epoch=mine.role_epoch,
+                    )
+                fresh[worker.id] = worker
+            changed = fresh != old
+            if changed:
+                self._workers, self._by_node = {}, {}
+                for worker in fresh.values():
+                    self._put(worker)
+        if changed:
+            self._changed()
+        return changed
+
     def _apply_report(self, node: str, report: WorkerReport) -> bool:
         known = self._workers.get(report.worker_id)
         if known is None:

@@ -140,3 +140,19 @@ class ModelCalibrationRow(Base):
     errors: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # per phase
     profiled_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     uploaded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class LeaderLeaseRow(Base):
+    """The one lease replicas compete for (id 1): its holder, address, token and expiry.
+
+    ``token`` grows by one at every change of holder; executor writes check it in their own
+    transaction (store/lease_store.py), so a deposed leader's writes are refused."""
+
+    __tablename__ = "leader_lease"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    holder: Mapped[str] = mapped_column(String(128), default="")
+    address: Mapped[str] = mapped_column(String(255), default="")
+    token: Mapped[int] = mapped_column(BigInteger, default=0)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    renewed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from sqlalchemy import Engine, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import selectinload, sessionmaker
 
 from fleetshift_daemon.core.fleet import (
@@ -42,6 +43,14 @@ class SqlRegistryStore:
             return [_record(row) for row in rows]
 
     def save_node(self, node: NodeRecord) -> None:
+        try:
+            self._save_node(node)
+        except IntegrityError:
+            # Daemon replicas: an agent registers with each, and two may insert the same new
+            # node at once; the loser finds the winner's row and updates it.
+            self._save_node(node)
+
+    def _save_node(self, node: NodeRecord) -> None:
         with self._sessions.begin() as session:
             row = session.scalar(select(NodeRow).where(NodeRow.name == node.name))
             if row is None:

@@ -1,4 +1,9 @@
-"""SQL implementations of the worker table, the operation log and the efficiency history."""
+"""SQL implementations of the worker table, the operation log and the efficiency history.
+
+With a ``fence`` (the leader's token), every write checks the lease's current token in its own
+transaction first (``lease_store.check_fence``), so a deposed leader's writes are refused by
+the database. Followers never write here; without a fence (tools, tests) writes are plain.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from fleetshift_daemon.core.perfmodel import Dtype
 from fleetshift_daemon.core.placement import EfficiencySample
 from fleetshift_daemon.core.routing import Role
 from fleetshift_daemon.core.workers import WorkerRecord, WorkerSpec, WorkerState
+from fleetshift_daemon.store.lease_store import Fence, check_fence
 from fleetshift_daemon.store.models import EfficiencySampleRow, OperationRow, WorkerRow
 from fleetshift_daemon.store.registry_store import _to_dt, _to_ts
 
@@ -26,8 +32,9 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 class SqlWorkerStore:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, fence: Fence | None = None) -> None:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._fence = fence
 
     def load_workers(self) -> list[WorkerRecord]:
         with self._sessions() as session:
@@ -35,6 +42,7 @@ class SqlWorkerStore:
 
     def save_worker(self, worker: WorkerRecord) -> None:
         with self._sessions.begin() as session:
+            check_fence(session, self._fence)
             row = session.get(WorkerRow, worker.id) or WorkerRow(id=worker.id)
             row.node_name = worker.node
             row.model = worker.spec.model
@@ -51,6 +59,7 @@ class SqlWorkerStore:
 
     def delete_worker(self, worker_id: str) -> None:
         with self._sessions.begin() as session:
+            check_fence(session, self._fence)
             session.execute(delete(WorkerRow).where(WorkerRow.id == worker_id))
 
 
@@ -69,8 +78,9 @@ def _worker(row: WorkerRow) -> WorkerRecord:
 
 
 class SqlOperationStore:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, fence: Fence | None = None) -> None:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._fence = fence
 
     def load_operations(self) -> list[Operation]:
         with self._sessions() as session:
@@ -78,6 +88,7 @@ class SqlOperationStore:
 
     def save_operation(self, op: Operation) -> None:
         with self._sessions.begin() as session:
+            check_fence(session, self._fence)
             row = session.get(OperationRow, op.id) or OperationRow(id=op.id)
             row.kind = op.kind.value
             row.state = op.state.value
@@ -113,11 +124,13 @@ def _operation(row: OperationRow) -> Operation:
 
 
 class SqlEfficiencyStore:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, fence: Fence | None = None) -> None:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._fence = fence
 
     def add(self, sample: EfficiencySample) -> None:
         with self._sessions.begin() as session:
+            check_fence(session, self._fence)
             session.add(
                 EfficiencySampleRow(
                     taken_at=_to_dt(sample.taken_at),

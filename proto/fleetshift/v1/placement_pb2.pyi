@@ -227,7 +227,7 @@ class PlanRebalanceRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PlannedWorker(_message.Message):
-    __slots__ = ("worker_id", "model", "role", "gpu_kind", "tensor_parallel", "dtype", "node_name")
+    __slots__ = ("worker_id", "model", "role", "gpu_kind", "tensor_parallel", "dtype", "node_name", "engine", "tensor_parallel_nominal")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +235,8 @@ class PlannedWorker(_message.Message):
     TENSOR_PARALLEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_NOMINAL_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     role: _fleet_pb2.WorkerRole
@@ -242,7 +244,9 @@ class PlannedWorker(_message.Message):
     tensor_parallel: int
     dtype: str
     node_name: str
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ..., gpu_kind: _Optional[str] = ..., tensor_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., node_name: _Optional[str] = ...) -> None: ...
+    engine: str
+    tensor_parallel_nominal: bool
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ..., gpu_kind: _Optional[str] = ..., tensor_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., node_name: _Optional[str] = ..., engine: _Optional[str] = ..., tensor_parallel_nominal: _Optional[bool] = ...) -> None: ...
 
 class PlannedMove(_message.Message):
     __slots__ = ("kind", "model", "source", "target", "bytes_to_move", "duration_s", "expected_pause_s", "sessions_affected", "predicted_gain_tokens_per_s", "cost_tokens", "reason")
