@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetshift_common.config import ConfigError, agent_config, daemon_config
+from fleetshift_common.config import ConfigError, EngineArgs, agent_config, daemon_config
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -88,6 +88,39 @@ def test_bad_agent_config_names_the_key(tmp_path: Path, text: str, named: str) -
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         daemon_config(tmp_path / "absent.toml", {})
+
+
+def test_a_models_engine_and_its_arguments(tmp_path: Path) -> None:
+    text = (
+        '[[models]]\nname = "m"\npreset = "llama2-7b"\n'
+        '[[models]]\nname = "v"\npreset = "llama2-7b"\nengine = "vllm"\n'
+        "[models.engine_args]\nmax_model_len = 512\nenforce_eager = false\n"
+        'kv_connector = "ExampleConnector"\nextra_args = ["--max-num-seqs", "8"]\n'
+    )
+    cfg = daemon_config(write(tmp_path, text), {})
+    plain, vllm = cfg.models
+    assert (plain.engine, plain.engine_args) == ("reference", EngineArgs())
+    assert vllm.engine == "vllm"
+    assert vllm.engine_args.max_model_len == 512 and not vllm.engine_args.enforce_eager
+    assert vllm.engine_args.extra_args == ("--max-num-seqs", "8")
+    # What the daemon sends the agent reads back the same.
+    assert EngineArgs.from_json(vllm.engine_args.to_json()) == vllm.engine_args
+
+
+@pytest.mark.parametrize(
+    ("model", "named"),
+    [
+        ('engine = "sglang"\n', "unknown engine 'sglang'"),
+        ("[models.engine_args]\nmax_model_len = -1\n", "engine_args.max_model_len"),
+        ("[models.engine_args]\nkv_cache_gib = 0\n", "engine_args.kv_cache_gib"),
+        ("[models.engine_args]\nblock_size = 16\n", "models[0].engine_args.block_size"),
+    ],
+)
+def test_a_bad_engine_is_named(tmp_path: Path, model: str, named: str) -> None:
+    text = '[[models]]\nname = "m"\npreset = "llama2-7b"\n' + model
+    with pytest.raises(ConfigError) as err:
+        daemon_config(write(tmp_path, text), {})
+    assert named in err.value.message
 
 
 @pytest.mark.parametrize(

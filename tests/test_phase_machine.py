@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetshift_common.config import DaemonConfig, ModelConfig
+from fleetshift_common.config import DaemonConfig, EngineArgs, ModelConfig
 from fleetshift_common.errors import FailedPrecondition
 from fleetshift_common.vocabulary import Role, StepPhase, WorkerState
 from fleetshift_daemon import models
@@ -28,6 +28,7 @@ from fleetshift_daemon.core.execution import (
     Executor,
 )
 from fleetshift_daemon.core.fleet import GpuInfo, InventorySource, Registration
+from fleetshift_daemon.core.fleet_client import AgentRef, WorkerLaunch
 from fleetshift_daemon.core.gpus import default_catalogue
 from fleetshift_daemon.core.moves import MovePlanner, MoveRequest
 from fleetshift_daemon.core.operations import (
@@ -376,3 +377,41 @@ def test_steps_keep_their_typed_vocabulary_through_the_log(world: World) -> None
         Dtype.BF16,
         StepPhase.TARGET_STARTED,
     )
+
+
+async def test_a_vllm_model_moves_cold_even_to_its_own_gpu_model(tmp_path: Path) -> None:
+    """vLLM workers have no snapshot here: the planner plans a cold start where the reference
+    engine would move warm, and the target is started with the model's engine and arguments."""
+    w = World(tmp_path)
+    engine_args = EngineArgs(max_model_len=512)
+    w.models = models.served_models(
+        DaemonConfig(
+            models=(
+                ModelConfig(
+                    name=MODEL, preset="llama2-70b", tp_options=(4,), engine="vllm",
+                    engine_args=engine_args,
+                ),
+            )
+        )
+    )  # fmt: skip
+    daemon = w.boot()
+    w.populate(daemon)
+    step = daemon.planner.move_step(MoveRequest("src", "h100-b"))  # H100 to H100
+    assert step.kind is StepKind.COLD_START
+    launched: list[WorkerLaunch] = []
+    start = w.fleet.start_worker
+
+    async def recording(agent: AgentRef, launch: WorkerLaunch) -> str:
+        launched.append(launch)
+        return await start(agent, launch)
+
+    w.fleet.start_worker = recording  # type: ignore[method-assign]
+    op, _ = daemon.ops.create(OperationKind.MOVE_WORKER, "test", "vllm", (step,))
+    daemon.executor.submit(op)
+    await daemon.executor.wait_idle()
+    assert daemon.ops.get(op.id).state is OperationState.SUCCEEDED
+    (launch,) = launched
+    assert (launch.engine, launch.restore_snapshot_id) == ("vllm", "")
+    assert EngineArgs.from_json(launch.engine_args_json) == engine_args
+    assert "snapshot_worker" not in w.fleet.calls
+    w.engine.dispose()

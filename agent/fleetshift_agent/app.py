@@ -17,6 +17,7 @@ from fleetshift.v1 import agent_pb2, snapshot_pb2, snapshot_pb2_grpc
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift_agent import service
 from fleetshift_agent.discovery import DECLARED, Inventory, discover, package_version
+from fleetshift_agent.engines import EngineSupport
 from fleetshift_agent.membership import Backoff, Membership
 from fleetshift_agent.restore_compat import NodePlatform
 from fleetshift_agent.snapshot import RetentionPolicy, SnapshotStore
@@ -46,9 +47,11 @@ class Agent:
     metrics_endpoint: MetricsEndpoint | None = None
     supervisor: Supervisor | None = None
     store: SnapshotStore | None = None
+    engines: EngineSupport = field(init=False)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.engines = EngineSupport(self.config.vllm_python)
         self.metrics = AgentMetrics(
             node=self.config.node_name, version=package_version("fleetshift")
         )
@@ -82,6 +85,7 @@ class Agent:
         if self.inventory is None:
             self.inventory = await asyncio.to_thread(discover, cfg)
         await self._start_workers()
+        await asyncio.to_thread(self.engines.vllm_missing)  # probed once, off the loop
         assert self.supervisor is not None and self.store is not None
         tls = self.security.tls
         servicer = service.AgentServicer(
@@ -92,6 +96,7 @@ class Agent:
             max_message_bytes=cfg.max_message_bytes,
             retention=_retention(cfg),
             metrics=self.metrics,
+            engines=self.engines,
         )
         self.server = await start_server(
             cfg.listen,
@@ -164,6 +169,7 @@ class Agent:
                 node_name=cfg.node_name,
                 tls=self.security.tls if self.security else None,
                 session_callers=cfg.worker_session_callers,
+                vllm_python=cfg.vllm_python,
             )
         )
         supervisor = self.supervisor
@@ -255,6 +261,8 @@ class Agent:
             daemon_address=self.config.daemon_address,
             registered=bool(self.membership and self.membership.registered.is_set()),
             workers=self.supervisor.statuses() if self.supervisor else [],
+            engines=self.engines.names(),
+            engine_notes=self.engines.notes(),
         )
 
     async def stop(self, grace_s: float = 1.0) -> None:

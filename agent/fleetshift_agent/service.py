@@ -25,6 +25,7 @@ from fleetshift.v1 import agent_pb2, agent_pb2_grpc
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import worker_pb2 as wpb
 from fleetshift.v1 import worker_pb2_grpc as wpb_grpc
+from fleetshift_agent.engines import EngineSupport
 from fleetshift_agent.restore_compat import restore_note
 from fleetshift_agent.snapshot import RetentionPolicy, SnapshotExists, SnapshotStore
 from fleetshift_agent.snapshot.transfer import fetch_snapshot
@@ -62,7 +63,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         max_message_bytes: int = 4 << 20,
         retention: RetentionPolicy | None = None,
         metrics: AgentMetrics | None = None,
+        engines: EngineSupport | None = None,
     ) -> None:
+        self._engines = engines or EngineSupport()
         self._metrics = metrics or AgentMetrics(node="")
         self._info = info
         self._supervisor = supervisor
@@ -114,6 +117,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             raise InvalidArgument(
                 f"gpu_indices must name distinct GPUs, got {list(gpus)}", field="gpu_indices"
             )
+        engine = request.engine or "reference"
+        self._engines.check(engine, request.engine_args_json)
         launch = WorkerLaunch(
             worker_id=request.worker_id,
             model=request.model,
@@ -121,6 +126,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             gpu_indices=gpus,
             tp=request.tensor_parallel or len(gpus),
             dtype=dtype,
+            engine=engine,
+            engine_args_json=request.engine_args_json,
         )
         self._supervisor.check(launch)
         if request.restore_snapshot_id:

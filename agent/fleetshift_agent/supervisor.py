@@ -72,6 +72,8 @@ class WorkerLaunch:
     dtype: str = "bf16"  # the fleet's label (bf16 | fp8 | int4_w), reported as given
     restore_from: str = ""  # warm start: a snapshot directory of this node's store
     origin_snapshot: str = ""  # that snapshot's id
+    engine: str = "reference"  # which worker program runs it (fleetshift_agent.engines)
+    engine_args_json: str = ""  # that engine's arguments (EngineArgs as JSON)
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ class SupervisorSettings:
     compile_artifacts: bool = False  # warm starts load the snapshot's compiled code
     threads: int = 0
     start_timeout_s: float = 300.0
+    vllm_python: str = ""  # the interpreter of vLLM workers' servers; empty: this one
     # Where workers listen: the node's address its peers reach (docs/multihost.md). With TLS
     # they present the node's certificate (``tls``) and take control calls from the daemon
     # and this agent only; plaintext is loopback development.
@@ -188,7 +191,9 @@ class Supervisor:
         tensor_parallel 1), so on real GPUs a tensor-parallel worker would hold GPUs it never
         uses and load the whole model onto the first. On a declared inventory nothing runs on
         the GPUs (workers compute on the CPU) and the planner's TP choices stay exercisable."""
-        if self.settings.cuda and (launch.tp > 1 or len(launch.gpu_indices) > 1):
+        if launch.engine == "vllm":
+            self._check_vllm(launch)
+        elif self.settings.cuda and (launch.tp > 1 or len(launch.gpu_indices) > 1):
             raise FailedPrecondition(
                 f"tensor_parallel {launch.tp} on gpu_indices {list(launch.gpu_indices)}: the "
                 "reference engine runs on one device; set the model's tp_options = [1]",
@@ -212,6 +217,29 @@ class Supervisor:
                     f"gpu_indices {held} are held by worker {other.worker_id!r}",
                     field="gpu_indices",
                 )
+
+    def _check_vllm(self, launch: WorkerLaunch) -> None:
+        """vLLM runs tensor parallel itself on real GPUs; on a declared inventory its CPU
+        build would run one process per rank on this host's cores for GPUs that are not
+        there, so there a vLLM worker is one rank."""
+        if not self.settings.cuda and launch.tp > 1:
+            raise FailedPrecondition(
+                f"tensor_parallel {launch.tp}: on a declared (CPU) inventory a vLLM worker runs "
+                "one rank; set the model's tp_options = [1]",
+                field="tensor_parallel",
+            )
+        if self.settings.tls is not None:
+            raise FailedPrecondition(
+                "engine 'vllm': a vLLM worker does not serve TLS yet, and this node's workers "
+                "must; run vLLM models on plaintext (loopback) nodes for now",
+                field="engine",
+            )
+        if launch.restore_from:
+            raise FailedPrecondition(
+                "restore_snapshot_id: a vLLM worker starts from its model directory; this "
+                "host has no vLLM checkpoint/restore",
+                field="restore_snapshot_id",
+            )
 
     async def start(self, launch: WorkerLaunch) -> WorkerProcess:
         """Spawn the worker and return once it serves (its port file exists)."""
@@ -246,6 +274,8 @@ class Supervisor:
         return worker
 
     def _args(self, launch: WorkerLaunch, port_file: Path) -> list[str]:
+        if launch.engine == "vllm":
+            return self._vllm_args(launch, port_file)
         s = self.settings
         args = [
             sys.executable, "-m", "fleetshift_agent.worker",
@@ -273,6 +303,31 @@ class Supervisor:
             args += ["--tls-cert", s.tls.cert, "--tls-key", s.tls.key, "--tls-ca", s.tls.ca]
         for caller in s.session_callers:
             args += ["--session-caller", caller]
+        return args
+
+    def _vllm_args(self, launch: WorkerLaunch, port_file: Path) -> list[str]:
+        """The vLLM shim (fleetshift_agent.vllm_worker), which starts vLLM's server beside it."""
+        s = self.settings
+        args = [
+            sys.executable, "-m", "fleetshift_agent.vllm_worker",
+            "--listen", join_host_port(s.host, 0),
+            "--port-file", str(port_file),
+            "--worker-id", launch.worker_id,
+            "--role", launch.role,
+            "--model-id", launch.model,
+            "--model-dir", launch.model_dir,
+            "--engine-args", launch.engine_args_json,
+            "--vllm-python", s.vllm_python or sys.executable,
+            "--tp", str(launch.tp),
+            "--start-timeout-s", str(s.start_timeout_s),
+        ]  # fmt: skip
+        declared = s.declared_products.get(launch.gpu_indices[0], "")
+        if declared:
+            args += ["--declared-gpu", declared]
+        if s.threads:
+            args += ["--threads", str(s.threads)]
+        if s.cuda:
+            args.append("--cuda")
         return args
 
     def _spawn(self, launch: WorkerLaunch, port_file: Path) -> subprocess.Popen[bytes]:

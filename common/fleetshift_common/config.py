@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import os
 import socket
 import tomllib
@@ -108,6 +109,51 @@ class GpuPrice:
 
 
 @dataclasses.dataclass(frozen=True)
+class EngineArgs:
+    """Arguments of a model's engine (``[models.engine_args]``). The reference engine takes
+    none; the vllm engine turns them into its server's flags (docs/vllm.md). Values vLLM
+    itself checks (a dtype, a length beyond the model's) are passed as given, so the refusal
+    comes from vLLM, by name, when the worker starts."""
+
+    dtype: str = "auto"  # vLLM --dtype
+    max_model_len: int = 0  # 0: the model's own max_position_embeddings
+    kv_cache_gib: float = 1.0  # KV cache size (VLLM_CPU_KVCACHE_SPACE on a CPU)
+    gpu_memory_utilization: float = 0.0  # on CUDA: vLLM's share of the GPU; 0: vLLM's default
+    enforce_eager: bool = True  # False: vLLM compiles (minutes of warm-up on a CPU)
+    kv_connector: str = ""  # vLLM KV connector, e.g. "ExampleConnector" (disk), "NixlConnector"
+    kv_role: str = "kv_both"
+    kv_connector_path: str = ""  # ExampleConnector's shared_storage_path
+    extra_args: tuple[str, ...] = ()  # further vLLM server flags, passed as given
+
+    def __post_init__(self) -> None:
+        if self.max_model_len < 0:
+            raise ConfigError(
+                "engine_args.max_model_len must be >= 0", field="engine_args.max_model_len"
+            )
+        _check_positive("engine_args.kv_cache_gib", self.kv_cache_gib)
+        if not 0 <= self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                "engine_args.gpu_memory_utilization must be in [0, 1]",
+                field="engine_args.gpu_memory_utilization",
+            )
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> EngineArgs:
+        """Strict: an unknown key or a value of the wrong type is refused, named."""
+        if not text:
+            return cls()
+        try:
+            raw = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise ConfigError(f"engine_args is not JSON: {exc}", field="engine_args") from None
+        result: EngineArgs = _coerce_item("engine_args", raw, cls)
+        return result
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """A model the fleet serves: its architecture (HF config.json or a named preset) and SLOs."""
 
@@ -123,6 +169,8 @@ class ModelConfig:
     # The engine that serves it (``fleetshift_common.engines``): it decides which tp_options
     # are real on GPUs; the daemon refuses the others there and labels them on declared fleets.
     engine: str = REFERENCE
+    # That engine's arguments (docs/vllm.md); the reference engine takes none.
+    engine_args: EngineArgs = EngineArgs()
 
     def __post_init__(self) -> None:
         if not self.name.strip():
@@ -274,6 +322,9 @@ class AgentConfig(ProcessKeys):
     # Certificate identities allowed to open sessions on this node's workers, as
     # '<kind>:<name>' or '<kind>:*' (docs/security.md); control calls are never theirs.
     worker_session_callers: tuple[str, ...] = ("router:*",)
+    # The interpreter that runs vLLM workers' servers (engine "vllm"); empty: the agent's own.
+    # A separate virtualenv keeps vLLM's pins (its torch, its transformers) apart (docs/vllm.md).
+    vllm_python: str = ""
     # A warm start loads the snapshot's compiled graphs and kernels: generated code, so only
     # where the snapshot stores are trusted like code (docs/security.md).
     worker_compile_artifacts: bool = False

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 REFERENCE = "reference"
+VLLM = "vllm"
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class EngineTraits:
 
 ENGINES: Mapping[str, EngineTraits] = {
     REFERENCE: EngineTraits(REFERENCE, real_tp=(1,), computes_on="one device"),
+    # vLLM shards tensor parallel itself on real GPUs (docs/vllm.md); on a declared (CPU)
+    # inventory the agent runs a vLLM worker as one rank and refuses a larger TP by name.
+    VLLM: EngineTraits(VLLM, real_tp=(1, 2, 4, 8), computes_on="its tensor-parallel GPUs"),
 }
 
 

@@ -91,6 +91,7 @@ def served_models(config: DaemonConfig) -> list[ServedModel]:
                 model_dir=model.model_dir,
                 context_tokens=context_tokens(model),
                 engine=model.engine,
+                engine_args_json=model.engine_args.to_json() if model.engine != "reference" else "",
             )
         )
     return out

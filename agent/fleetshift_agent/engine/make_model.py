@@ -29,6 +29,18 @@ PRESETS: dict[str, ModelConfig] = {
         max_position_embeddings=512,
         tie_word_embeddings=True,
     ),
+    # ~10 MB: loadable by vLLM too (its CPU attention kernels take head sizes of 32 and up,
+    # so 64 here where "tiny" has 16); tests/vllm run both engines on it.
+    "tiny-vllm": ModelConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    ),
     # ~60 MB: demos.
     "small": ModelConfig(
         vocab_size=8000,

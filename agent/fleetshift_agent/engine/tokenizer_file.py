@@ -9,6 +9,7 @@ that any id the model can emit decodes to something.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,6 +92,15 @@ def build_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
 
 
 def write_tokenizer(out: Path, vocab_size: int, seed: int = 0) -> Path:
+    """``tokenizer.json``, and beside it the ``tokenizer_config.json`` that lets
+    ``transformers`` (and so vLLM) load it as a fast tokenizer without a hub."""
     path = out / "tokenizer.json"
     build_tokenizer(vocab_size, seed).save(str(path))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": SPECIAL_TOKENS[0],
+        "model_max_length": 1 << 20,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1) + "\n")
     return path

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 
+from fleetshift.v1 import worker_pb2
 from fleetshift_agent.engine import TokenEvent
 from fleetshift_common.errors import AlreadyExists, NotFound
 
@@ -93,3 +94,23 @@ class Feeds:
         done = [sid for sid, f in self._feeds.items() if f.done]
         for sid in done[: max(0, len(done) - self._keep_done)]:
             del self._feeds[sid]
+
+
+async def stream(feed: Feed, start: int) -> AsyncIterator[worker_pb2.GenerateResponse]:
+    """A client's stream of ``feed`` from token ``start`` on: what it holds, then live tokens
+    until the session finishes or leaves. Every engine's worker serves Generate with this."""
+    index = start
+    while True:
+        while index < len(feed.tokens):
+            last = feed.finished and index == len(feed.tokens) - 1
+            yield worker_pb2.GenerateResponse(
+                session_id=feed.session_id,
+                token=feed.tokens[index],
+                index=index,
+                finished=last,
+                finish_reason=feed.finish_reason if last else "",
+            )
+            index += 1
+        if feed.done:
+            return
+        await feed.changed()

@@ -24,7 +24,7 @@ from fleetshift_agent.engine.delta import DELTA_KEY
 from fleetshift_agent.engine.state import RestoreReport, capture_state
 from fleetshift_agent.snapshot import open_snapshot
 from fleetshift_agent.wire import ROLE_BY_NAME
-from fleetshift_agent.worker.feeds import Feed, Feeds
+from fleetshift_agent.worker.feeds import Feed, Feeds, stream
 from fleetshift_agent.worker.runner import EngineRunner
 from fleetshift_agent.worker.snapshots import (
     engine_key,
@@ -114,7 +114,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             await context.abort(status_for(err), err.message)
             return
         try:
-            async for msg in self._stream(feed, start):
+            async for msg in stream(feed, start):
                 yield msg
         except asyncio.CancelledError:
             if not feed.done:  # the client went away: so does its session
@@ -158,23 +158,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             self.feeds.discard(sid)
             raise
         return feed, 0
-
-    async def _stream(self, feed: Feed, start: int) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        index = start
-        while True:
-            while index < len(feed.tokens):
-                last = feed.finished and index == len(feed.tokens) - 1
-                yield worker_pb2.GenerateResponse(
-                    session_id=feed.session_id,
-                    token=feed.tokens[index],
-                    index=index,
-                    finished=last,
-                    finish_reason=feed.finish_reason if last else "",
-                )
-                index += 1
-            if feed.done:
-                return
-            await feed.changed()
 
     async def _cancel_quietly(self, session_id: str) -> None:
         try:

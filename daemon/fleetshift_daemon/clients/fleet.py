@@ -106,6 +106,8 @@ class GrpcFleetClient:
             dtype=launch.dtype.value,
             gpu_indices=list(launch.gpu_indices),
             restore_snapshot_id=launch.restore_snapshot_id,
+            engine=launch.engine,
+            engine_args_json=launch.engine_args_json,
         )
         status = await _agent_call(
             agent,

@@ -46,6 +46,8 @@ class WorkerLaunch:
     dtype: Dtype
     gpu_indices: tuple[int, ...]
     restore_snapshot_id: str = ""
+    engine: str = "reference"
+    engine_args_json: str = ""
 
 
 @dataclass(frozen=True)

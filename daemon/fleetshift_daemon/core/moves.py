@@ -96,7 +96,9 @@ class MovePlanner:
         gpus = self._target_gpus(worker.spec, target, req.target_gpus, set(reserved))
         source_kind = self._kind(self._registry.get(worker.node))
         target_kind = self._kind(target)
-        kind = StepKind.MIGRATE if source_kind == target_kind else StepKind.COLD_START
+        served = self._placement.models.get(worker.spec.model)
+        warm = source_kind == target_kind and (served is None or served.snapshots)
+        kind = StepKind.MIGRATE if warm else StepKind.COLD_START
         return Step(index, kind, worker.id, target.name, role, gpus)
 
     def _target_node(self, name: str) -> NodeRecord:

@@ -69,6 +69,15 @@ class ServedModel:
     # than this cannot run, so Route refuses it and the traffic window never counts it.
     context_tokens: int = MAX_CONTEXT_TOKENS
     engine: str = REFERENCE  # which tp_options are real (``core.engine_fit``)
+    # The engine's arguments, passed to the agent as given (fleetshift_common.config.EngineArgs
+    # as JSON; empty for the reference engine).
+    engine_args_json: str = ""
+
+    @property
+    def snapshots(self) -> bool:
+        """Whether its workers can be snapshotted and restored (a warm move): only the
+        reference engine's can; a vLLM worker moves cold, its sessions as token history."""
+        return self.engine == REFERENCE
 
     @property
     def name(self) -> str:

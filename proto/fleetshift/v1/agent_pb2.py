@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from fleetshift.v1 import fleet_pb2 as fleetshift_dot_v1_dot_fleet__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66leetshift/v1/agent.proto\x12\rfleetshift.v1\x1a\x19\x66leetshift/v1/fleet.proto\"\x15\n\x13GetAgentInfoRequest\"\x83\x02\n\tAgentInfo\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12 \n\x04gpus\x18\x02 \x03(\x0b\x32\x12.fleetshift.v1.Gpu\x12-\n\x08versions\x18\x03 \x01(\x0b\x32\x1b.fleetshift.v1.NodeVersions\x12\x38\n\x10inventory_source\x18\x04 \x01(\x0e\x32\x1e.fleetshift.v1.InventorySource\x12\x16\n\x0e\x64\x61\x65mon_address\x18\x05 \x01(\t\x12\x12\n\nregistered\x18\x06 \x01(\x08\x12,\n\x07workers\x18\x07 \x03(\x0b\x32\x1b.fleetshift.v1.WorkerStatus\"\xcc\x01\n\x12StartWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tmodel_dir\x18\x03 \x01(\t\x12\'\n\x04role\x18\x04 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x17\n\x0ftensor_parallel\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x07 \x03(\r\x12\x1b\n\x13restore_snapshot_id\x18\x08 \x01(\t\"7\n\x11StopWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07grace_s\x18\x02 \x01(\x01\"?\n\x15SnapshotWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x02 \x01(\t\"z\n\x16SnapshotWorkerResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x10\n\x08pause_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\x12\x13\n\x0bsession_ids\x18\x05 \x03(\t\"I\n\x14\x46\x65tchSnapshotRequest\x12\x1c\n\x14source_agent_address\x18\x01 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x02 \x01(\t\"i\n\x15\x46\x65tchSnapshotResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x04\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x32\xb3\x03\n\x0c\x41gentService\x12L\n\x0cGetAgentInfo\x12\".fleetshift.v1.GetAgentInfoRequest\x1a\x18.fleetshift.v1.AgentInfo\x12M\n\x0bStartWorker\x12!.fleetshift.v1.StartWorkerRequest\x1a\x1b.fleetshift.v1.WorkerStatus\x12K\n\nStopWorker\x12 .fleetshift.v1.StopWorkerRequest\x1a\x1b.fleetshift.v1.WorkerStatus\x12]\n\x0eSnapshotWorker\x12$.fleetshift.v1.SnapshotWorkerRequest\x1a%.fleetshift.v1.SnapshotWorkerResponse\x12Z\n\rFetchSnapshot\x12#.fleetshift.v1.FetchSnapshotRequest\x1a$.fleetshift.v1.FetchSnapshotResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66leetshift/v1/agent.proto\x12\rfleetshift.v1\x1a\x19\x66leetshift/v1/fleet.proto\"\x15\n\x13GetAgentInfoRequest\"\xaa\x02\n\tAgentInfo\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12 \n\x04gpus\x18\x02 \x03(\x0b\x32\x12.fleetshift.v1.Gpu\x12-\n\x08versions\x18\x03 \x01(\x0b\x32\x1b.fleetshift.v1.NodeVersions\x12\x38\n\x10inventory_source\x18\x04 \x01(\x0e\x32\x1e.fleetshift.v1.InventorySource\x12\x16\n\x0e\x64\x61\x65mon_address\x18\x05 \x01(\t\x12\x12\n\nregistered\x18\x06 \x01(\x08\x12,\n\x07workers\x18\x07 \x03(\x0b\x32\x1b.fleetshift.v1.WorkerStatus\x12\x0f\n\x07\x65ngines\x18\x64 \x03(\t\x12\x14\n\x0c\x65ngine_notes\x18\x65 \x03(\t\"\xf6\x01\n\x12StartWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tmodel_dir\x18\x03 \x01(\t\x12\'\n\x04role\x18\x04 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x17\n\x0ftensor_parallel\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x07 \x03(\r\x12\x1b\n\x13restore_snapshot_id\x18\x08 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x64 \x01(\t\x12\x18\n\x10\x65ngine_args_json\x18\x65 \x01(\t\"7\n\x11StopWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07grace_s\x18\x02 \x01(\x01\"?\n\x15SnapshotWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x02 \x01(\t\"z\n\x16SnapshotWorkerResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x10\n\x08pause_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\x12\x13\n\x0bsession_ids\x18\x05 \x03(\t\"I\n\x14\x46\x65tchSnapshotRequest\x12\x1c\n\x14source_agent_address\x18\x01 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x02 \x01(\t\"i\n\x15\x46\x65tchSnapshotResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x04\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x32\xb3\x03\n\x0c\x41gentService\x12L\n\x0cGetAgentInfo\x12\".fleetshift.v1.GetAgentInfoRequest\x1a\x18.fleetshift.v1.AgentInfo\x12M\n\x0bStartWorker\x12!.fleetshift.v1.StartWorkerRequest\x1a\x1b.fleetshift.v1.WorkerStatus\x12K\n\nStopWorker\x12 .fleetshift.v1.StopWorkerRequest\x1a\x1b.fleetshift.v1.WorkerStatus\x12]\n\x0eSnapshotWorker\x12$.fleetshift.v1.SnapshotWorkerRequest\x1a%.fleetshift.v1.SnapshotWorkerResponse\x12Z\n\rFetchSnapshot\x12#.fleetshift.v1.FetchSnapshotRequest\x1a$.fleetshift.v1.FetchSnapshotResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,19 +35,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETAGENTINFOREQUEST']._serialized_start=71
   _globals['_GETAGENTINFOREQUEST']._serialized_end=92
   _globals['_AGENTINFO']._serialized_start=95
-  _globals['_AGENTINFO']._serialized_end=354
-  _globals['_STARTWORKERREQUEST']._serialized_start=357
-  _globals['_STARTWORKERREQUEST']._serialized_end=561
-  _globals['_STOPWORKERREQUEST']._serialized_start=563
-  _globals['_STOPWORKERREQUEST']._serialized_end=618
-  _globals['_SNAPSHOTWORKERREQUEST']._serialized_start=620
-  _globals['_SNAPSHOTWORKERREQUEST']._serialized_end=683
-  _globals['_SNAPSHOTWORKERRESPONSE']._serialized_start=685
-  _globals['_SNAPSHOTWORKERRESPONSE']._serialized_end=807
-  _globals['_FETCHSNAPSHOTREQUEST']._serialized_start=809
-  _globals['_FETCHSNAPSHOTREQUEST']._serialized_end=882
-  _globals['_FETCHSNAPSHOTRESPONSE']._serialized_start=884
-  _globals['_FETCHSNAPSHOTRESPONSE']._serialized_end=989
-  _globals['_AGENTSERVICE']._serialized_start=992
-  _globals['_AGENTSERVICE']._serialized_end=1427
+  _globals['_AGENTINFO']._serialized_end=393
+  _globals['_STARTWORKERREQUEST']._serialized_start=396
+  _globals['_STARTWORKERREQUEST']._serialized_end=642
+  _globals['_STOPWORKERREQUEST']._serialized_start=644
+  _globals['_STOPWORKERREQUEST']._serialized_end=699
+  _globals['_SNAPSHOTWORKERREQUEST']._serialized_start=701
+  _globals['_SNAPSHOTWORKERREQUEST']._serialized_end=764
+  _globals['_SNAPSHOTWORKERRESPONSE']._serialized_start=766
+  _globals['_SNAPSHOTWORKERRESPONSE']._serialized_end=888
+  _globals['_FETCHSNAPSHOTREQUEST']._serialized_start=890
+  _globals['_FETCHSNAPSHOTREQUEST']._serialized_end=963
+  _globals['_FETCHSNAPSHOTRESPONSE']._serialized_start=965
+  _globals['_FETCHSNAPSHOTRESPONSE']._serialized_end=1070
+  _globals['_AGENTSERVICE']._serialized_start=1073
+  _globals['_AGENTSERVICE']._serialized_end=1508
 # @@protoc_insertion_point(module_scope)

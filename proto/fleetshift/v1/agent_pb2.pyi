@@ -12,7 +12,7 @@ class GetAgentInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AgentInfo(_message.Message):
-    __slots__ = ("node_name", "gpus", "versions", "inventory_source", "daemon_address", "registered", "workers")
+    __slots__ = ("node_name", "gpus", "versions", "inventory_source", "daemon_address", "registered", "workers", "engines", "engine_notes")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,8 @@ class AgentInfo(_message.Message):
     DAEMON_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_NOTES_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     gpus: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.Gpu]
     versions: _fleet_pb2.NodeVersions
@@ -27,10 +29,12 @@ class AgentInfo(_message.Message):
     daemon_address: str
     registered: bool
     workers: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.WorkerStatus]
-    def __init__(self, node_name: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_fleet_pb2.Gpu, _Mapping]]] = ..., versions: _Optional[_Union[_fleet_pb2.NodeVersions, _Mapping]] = ..., inventory_source: _Optional[_Union[_fleet_pb2.InventorySource, str]] = ..., daemon_address: _Optional[str] = ..., registered: _Optional[bool] = ..., workers: _Optional[_Iterable[_Union[_fleet_pb2.WorkerStatus, _Mapping]]] = ...) -> None: ...
+    engines: _containers.RepeatedScalarFieldContainer[str]
+    engine_notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_name: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_fleet_pb2.Gpu, _Mapping]]] = ..., versions: _Optional[_Union[_fleet_pb2.NodeVersions, _Mapping]] = ..., inventory_source: _Optional[_Union[_fleet_pb2.InventorySource, str]] = ..., daemon_address: _Optional[str] = ..., registered: _Optional[bool] = ..., workers: _Optional[_Iterable[_Union[_fleet_pb2.WorkerStatus, _Mapping]]] = ..., engines: _Optional[_Iterable[str]] = ..., engine_notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StartWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "model", "model_dir", "role", "tensor_parallel", "dtype", "gpu_indices", "restore_snapshot_id")
+    __slots__ = ("worker_id", "model", "model_dir", "role", "tensor_parallel", "dtype", "gpu_indices", "restore_snapshot_id", "engine", "engine_args_json")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_DIR_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +43,8 @@ class StartWorkerRequest(_message.Message):
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
     RESTORE_SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     model_dir: str
@@ -47,7 +53,9 @@ class StartWorkerRequest(_message.Message):
     dtype: str
     gpu_indices: _containers.RepeatedScalarFieldContainer[int]
     restore_snapshot_id: str
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., model_dir: _Optional[str] = ..., role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ..., tensor_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., restore_snapshot_id: _Optional[str] = ...) -> None: ...
+    engine: str
+    engine_args_json: str
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., model_dir: _Optional[str] = ..., role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ..., tensor_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., restore_snapshot_id: _Optional[str] = ..., engine: _Optional[str] = ..., engine_args_json: _Optional[str] = ...) -> None: ...
 
 class StopWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "grace_s")

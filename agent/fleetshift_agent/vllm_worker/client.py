@@ -1,0 +1,135 @@
+"""The one typed client of the vLLM server: token-id completions, metrics, pause/resume.
+
+Tokens go in and come out as ids (``prompt`` as a list of ids, ``return_token_ids``), so
+the shim never tokenizes and a session's tokens are exactly vLLM's. The end of sequence is
+not special (``ignore_eos``): as with the reference engine, a session ends at its length or
+at one of its own stop tokens, so both engines end a session at the same token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+
+from fleetshift_common.errors import FleetShiftError, InvalidArgument, Unavailable
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a session asks of vLLM (the whole context so far: prompt + carried tokens)."""
+
+    prompt: tuple[int, ...]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    stop_token_ids: tuple[int, ...] = ()
+    request_id: str = ""
+
+    def body(self, model: str) -> dict[str, object]:
+        return {
+            "model": model,
+            "prompt": list(self.prompt),
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "stop_token_ids": list(self.stop_token_ids),
+            "ignore_eos": True,
+            "skip_special_tokens": False,
+            "return_token_ids": True,
+            "stream": True,
+        }
+
+
+@dataclass(frozen=True)
+class Chunk:
+    tokens: tuple[int, ...]
+    finish_reason: str  # "" while running; "length" | "stop" | "abort" at the end
+
+
+class VllmClient:
+    def __init__(self, base_url: str, model: str) -> None:
+        self.model = model
+        self._http = httpx.AsyncClient(
+            base_url=base_url, timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
+        )
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def healthy(self) -> bool:
+        try:
+            resp = await self._http.get("/health", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
+    async def stream(self, completion: Completion) -> AsyncIterator[Chunk]:
+        """The completion's tokens as vLLM sends them. A request vLLM refuses (a prompt
+        longer than its window, an id outside the vocabulary) is INVALID_ARGUMENT with vLLM's
+        reason, raised before the first chunk."""
+        headers = {"X-Request-Id": completion.request_id} if completion.request_id else {}
+        try:
+            async with self._http.stream(
+                "POST", "/v1/completions", json=completion.body(self.model), headers=headers
+            ) as resp:
+                if resp.status_code != 200:
+                    raise _refusal(resp.status_code, (await resp.aread()).decode(errors="replace"))
+                async for line in resp.aiter_lines():
+                    chunk = _parse_line(line)
+                    if chunk is not None:
+                        yield chunk
+        except httpx.HTTPError as err:
+            raise Unavailable(f"vLLM server unreachable: {err!r}") from None
+
+    async def metrics(self) -> str:
+        return await self._text("GET", "/metrics")
+
+    async def pause(self) -> None:
+        """Freeze running requests where they stand (``mode=keep``): the default, ``abort``,
+        would end every session."""
+        await self._text("POST", "/pause?mode=keep")
+
+    async def resume(self) -> None:
+        await self._text("POST", "/resume")
+
+    async def _text(self, method: str, path: str) -> str:
+        try:
+            resp = await self._http.request(method, path, timeout=10.0)
+        except httpx.HTTPError as err:
+            raise Unavailable(f"vLLM server unreachable ({path}): {err!r}") from None
+        if resp.status_code != 200:
+            raise Unavailable(f"vLLM server answered {resp.status_code} to {path}: {resp.text}")
+        return resp.text
+
+
+def _parse_line(line: str) -> Chunk | None:
+    if not line.startswith("data:"):
+        return None
+    data = line[len("data:") :].strip()
+    if data == "[DONE]":
+        return None
+    event = json.loads(data)
+    if "error" in event:
+        raise Unavailable(f"vLLM failed the request: {event['error']}")
+    choices = event.get("choices") or []
+    if not choices:
+        return None
+    choice = choices[0]
+    return Chunk(tuple(choice.get("token_ids") or ()), choice.get("finish_reason") or "")
+
+
+def _refusal(status: int, body: str) -> FleetShiftError:
+    try:
+        message = json.loads(body).get("error", {}).get("message", body)
+    except (ValueError, AttributeError):
+        message = body
+    if 400 <= status < 500:
+        return InvalidArgument(f"vLLM refused the request: {message}", field="prompt_tokens")
+    return Unavailable(f"vLLM answered {status}: {message}")

@@ -1,0 +1,181 @@
+"""The vLLM server process beside the shim: its command line, its start and its end.
+
+vLLM runs as its own OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``)
+in whatever interpreter has vLLM (the agent's ``vllm_python``), so vLLM's pins (its torch,
+its transformers) never meet FleetShift's. The shim starts it on a free loopback port, copies
+its output into the worker's log while keeping the last lines, and reports a server that
+exits before it serves with the cause vLLM gave (its last error line), so a bad engine
+argument or a vLLM that cannot start reads as one sentence in the agent's StartWorker error.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fleetshift_common.config import EngineArgs
+
+_ERROR_LINE = re.compile(r"([A-Za-z_][\w.]*(?:Error|Exception)\b.*|.*\berror: .*)")
+PR_SET_PDEATHSIG = 1
+
+
+class VllmStartFailed(RuntimeError):
+    """The vLLM server ended, or never answered, before it served."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    python: str  # an interpreter that imports vllm
+    model_dir: str
+    served_name: str
+    engine_args: EngineArgs
+    tp: int = 1
+    threads: int = 0  # CPU threads for vLLM's OpenMP; 0: vLLM's own choice
+    cuda: bool = False  # on a GPU node (else vLLM's CPU build: KV size by env)
+
+
+def server_command(spec: ServerSpec, port: int) -> list[str]:
+    """The vLLM server's argv for these engine arguments."""
+    a = spec.engine_args
+    argv = [
+        spec.python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", spec.model_dir,
+        "--served-model-name", spec.served_name,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--dtype", a.dtype,
+        "--tensor-parallel-size", str(spec.tp),
+        "--generation-config", "vllm",  # sampling defaults are FleetShift's, not the model dir's
+    ]  # fmt: skip
+    if a.max_model_len:
+        argv += ["--max-model-len", str(a.max_model_len)]
+    if a.enforce_eager:
+        argv.append("--enforce-eager")
+    if spec.cuda and a.gpu_memory_utilization:
+        argv += ["--gpu-memory-utilization", str(a.gpu_memory_utilization)]
+    if a.kv_connector:
+        argv += ["--kv-transfer-config", kv_transfer_config(a, spec.cuda)]
+    return argv + list(a.extra_args)
+
+
+def kv_transfer_config(a: EngineArgs, cuda: bool = False) -> str:
+    """vLLM's --kv-transfer-config: the connector, its role, a disk connector's path, and
+    NIXL's staging buffers in host memory where there is no GPU."""
+    config: dict[str, object] = {"kv_connector": a.kv_connector, "kv_role": a.kv_role}
+    if a.kv_connector_path:
+        config["kv_connector_extra_config"] = {"shared_storage_path": a.kv_connector_path}
+    if a.kv_connector == "NixlConnector":
+        config["kv_buffer_device"] = "cuda" if cuda else "cpu"
+    return json.dumps(config)
+
+
+def server_env(spec: ServerSpec, base: Mapping[str, str]) -> dict[str, str]:
+    env = {
+        **base,
+        "HF_HUB_OFFLINE": "1",  # a model directory, never a hub
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /is_paused
+        "PYTHONUNBUFFERED": "1",
+    }
+    if not spec.cuda:
+        # vLLM's CPU build sizes its KV cache from this (whole GiB).
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(spec.engine_args.kv_cache_gib)))
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        if spec.threads:
+            env["OMP_NUM_THREADS"] = str(spec.threads)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """The server ends when the shim dies, even by SIGKILL (Linux's parent-death signal)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class VllmServer:
+    """One vLLM server process; its output goes to ``sys.stdout`` (the worker's log)."""
+
+    def __init__(self, spec: ServerSpec, port: int | None = None) -> None:
+        self.spec = spec
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._tail: collections.deque[str] = collections.deque(maxlen=80)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pump: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid if self._proc else 0
+
+    def start(self) -> None:
+        self._proc = subprocess.Popen(
+            server_command(self.spec, self.port),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=server_env(self.spec, os.environ),
+            preexec_fn=_die_with_parent,
+        )
+        self._pump = threading.Thread(target=self._copy_output, name="vllm-log", daemon=True)
+        self._pump.start()
+
+    def _copy_output(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            self._tail.append(line)
+            sys.stdout.write(f"[vllm] {line}\n")
+            sys.stdout.flush()
+
+    def exited(self) -> int | None:
+        return self._proc.poll() if self._proc else None
+
+    def cause(self) -> str:
+        """vLLM's last error line (an exception or argparse's complaint), else its last line."""
+        if self._pump is not None:
+            self._pump.join(timeout=5)  # the pipe closes when the server (and its children) end
+        lines = [line.rstrip() for line in self._tail if line.strip()]
+        for i in range(len(lines) - 1, -1, -1):
+            found = _ERROR_LINE.search(lines[i])
+            if found:  # with the indented detail lines some errors carry (pydantic's do)
+                detail = [x.strip() for x in lines[i + 1 :] if x.startswith(" ") and "://" not in x]
+                return " ".join([found.group(1), *detail[:2]])
+        return lines[-1].strip() if lines else "(no output)"
+
+    def failed(self, why: str) -> VllmStartFailed:
+        return VllmStartFailed(f"vLLM server {why}: {self.cause()}")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM (vLLM shuts its engine core down), SIGKILL after the grace."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        deadline = time.monotonic() + grace_s
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
