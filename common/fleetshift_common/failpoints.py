@@ -56,7 +56,10 @@ class Failpoints:
             os.kill(os.getpid(), signal.SIGKILL)
         if action.startswith("hold:"):
             marker = Path(action.removeprefix("hold:"))
-            marker.write_text(name)
+            # Written aside and renamed: a watcher that sees the marker must read the name whole.
+            staged = marker.with_name(marker.name + ".partial")
+            staged.write_text(name)
+            os.replace(staged, marker)
             while marker.exists():
                 time.sleep(0.02)
 
