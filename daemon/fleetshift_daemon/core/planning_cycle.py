@@ -204,9 +204,9 @@ class PlanningCycle:
         planner would serve as much of the *sized* demand as it can, and because the phases'
         factors differ (prefill's delay budget is a second, decode's tens of seconds, so a
         10x burst asks far more prefill than decode), it buys that with a skewed split that
-        cannot even serve the mean mix (issue 11: on 10x on-off bursts, 10 of 12 instances
-        prefilling, serving 72 % of the mean by the model's own count, below the colocated
-        fleet). So, when the best placement cannot serve the sized demand:
+        cannot even serve the mean mix (issue 11: on 10x on-off bursts, 9 of 12 instances
+        prefilling, serving 76 % of the mean by the model's own count, where the colocated
+        fleet serves all of it). So, when the best placement cannot serve the sized demand:
 
         * the peak factors are lowered, all by one share of their excess over 1 (bisection),
           until the best placement serves them in full: the mean stays served and as much of
