@@ -107,3 +107,51 @@ def test_an_owned_fleet_follows_a_mix_shift_with_role_changes_within_minutes() -
     assert min(m.time_s for m in after) <= shift_at + 300.0
     assert any(m.after == Role.DECODE.value or m.after == Role.MIXED.value for m in after)
     assert all(m.after != Role.OFF.value for m in sim.moves)  # an owned fleet keeps them all
+
+
+def _on_off(base_rps: float, peak_rps: float, burst_s: float, period_s: float, n: int) -> Trace:
+    """Poisson at ``base_rps`` with a ``burst_s`` burst at ``peak_rps`` ending each period."""
+    parts = []
+    for k in range(n):
+        calm = synthetic_trace(int(base_rps * (period_s - burst_s)), base_rps, 1500, 150, 10 + k)
+        burst = synthetic_trace(int(peak_rps * burst_s), peak_rps, 1500, 150, seed=50 + k)
+        parts += [(calm, k * period_s), (burst, (k + 1) * period_s - burst_s)]
+    trace = _concat(*parts)
+    order = np.argsort(trace.arrival_s, kind="stable")
+    return Trace(trace.arrival_s[order], trace.prompt_tokens[order], trace.output_tokens[order])
+
+
+def test_bursts_past_the_whole_fleet_keep_it_colocated_and_level_with_least_loaded() -> None:
+    # 20x bursts that no placement of the fleet can carry. Before issue 11's fix the planner
+    # served as much of the burst-sized demand as it could with a split skewed to prefill
+    # (its prefill factor far above decode's), which could not even serve the mean mix, and
+    # met 37 % of SLOs against least-loaded's 46 %. Now the factors are fitted to what the
+    # fleet can carry and its workers colocate, so every instance takes the prompt bursts.
+    trace = _on_off(3.0, 60.0, 5.0, 60.0, 4)
+    ll = summarize(Simulator(FLEET, trace, LeastLoaded()).run(), "ll")
+    sim = Simulator(FLEET, trace, FleetShift()).run()
+    fs = summarize(sim, "fleetshift")
+    assert ll.slo_attainment < 0.9, "the bursts must overload the fleet for this test to mean much"
+    assert fs.slo_attainment >= ll.slo_attainment - 0.01
+    assert all(i.role is Role.MIXED for i in sim.instances)
+
+
+def test_an_owned_fleet_turns_its_roles_within_two_minutes_of_a_shift_and_keeps_the_slo() -> None:
+    # The same prompt-heavy then decode-heavy day as above. The planner used to size for the
+    # five-minute blend until the old requests left its window: the first role change came
+    # 144 s after the shift and 94 % of the decode-heavy requests met their SLO. Judged on
+    # the last minute's request lengths once they differ from the window's beyond noise, the
+    # roles turn within two minutes and the SLO holds.
+    prompt_heavy = synthetic_trace(3000, 5.0, prompt_tokens=3000, output_tokens=40, seed=6)
+    decode_heavy = synthetic_trace(3000, 5.0, prompt_tokens=150, output_tokens=700, seed=7)
+    shift_at = prompt_heavy.duration_s + 0.2
+    trace = _concat((prompt_heavy, 0.0), (decode_heavy, shift_at))
+    sim = Simulator(FLEET, trace, FleetShift(keep_all=True)).run()
+    turned = [
+        m.time_s
+        for m in sim.moves
+        if m.kind == "role_change" and m.after != m.before and m.time_s > shift_at
+    ]
+    assert turned and min(turned) <= shift_at + 120.0
+    after = trace.arrival_s >= shift_at
+    assert outcomes(sim).slo_ok[after].mean() >= 0.99

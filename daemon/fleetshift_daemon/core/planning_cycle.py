@@ -28,7 +28,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from fleetshift_common.errors import InvalidArgument, NotFound
+import numpy as np
+
+from fleetshift_common.errors import FailedPrecondition, InvalidArgument, NotFound
 from fleetshift_daemon.core.burst import BurstSizer
 from fleetshift_daemon.core.corrections import Phase
 from fleetshift_daemon.core.errors import UnsupportedDeployment
@@ -54,6 +56,8 @@ from fleetshift_daemon.core.slo_monitor import SloAssessment, SloMonitor, SloThr
 from fleetshift_daemon.core.traffic import TrafficMonitor
 
 _PROBE_RATE = 1000.0  # "uncapped" demand when measuring a placement's headroom
+_FIT_STEPS = 6  # bisection steps when lowering peak factors to what the fleet can carry
+_FIT_TOLERANCE = 1e-3  # served within this share of the demand counts as carried
 
 
 def demand_from_traffic(monitor: TrafficMonitor, models: Iterable[str]) -> list[ModelDemand]:
@@ -81,12 +85,25 @@ class LoopConfig:
     # efficiency gap, so without this the surplus of a load that fell would never retire.
     # 5 %, the gate's own gap threshold: not tuned.
     retire_saving: float = 0.05
+    # Mix shifts: when the request lengths of the last ``recent_s`` differ from the rest of
+    # the window's by more than ``shift_z`` standard errors (and each part holds at least
+    # ``shift_min_requests``), the demand takes the recent lengths (see ``recent_lengths``).
+    # A minute: a planning period; 3 standard errors: the usual bar for "not noise"; not tuned.
+    recent_s: float = 60.0
+    shift_z: float = 3.0
+    shift_min_requests: int = 20
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.risk_demand_factor) and self.risk_demand_factor > 1):
             raise InvalidArgument("risk_demand_factor must be > 1", field="risk_demand_factor")
         if not (math.isfinite(self.min_risk_interval_s) and self.min_risk_interval_s >= 0):
             raise InvalidArgument("min_risk_interval_s must be >= 0", field="min_risk_interval_s")
+        if not (math.isfinite(self.recent_s) and self.recent_s > 0):
+            raise InvalidArgument("recent_s must be > 0", field="recent_s")
+        if not (math.isfinite(self.shift_z) and self.shift_z > 0):
+            raise InvalidArgument("shift_z must be > 0", field="shift_z")
+        if self.shift_min_requests < 2:
+            raise InvalidArgument("shift_min_requests must be >= 2", field="shift_min_requests")
 
 
 @dataclass(frozen=True)
@@ -162,10 +179,12 @@ class PlanningCycle:
 
     # -- sizing -----------------------------------------------------------------------------
     def sized(self, inp: PlanningInput) -> PlanningInput:
-        """``inp`` with burst peak factors on each model's demand (unchanged without sizing)."""
+        """``inp`` with burst peak factors on each model's demand, recent request lengths
+        after a mix shift, fitted to what the fleet can carry (``within_fleet``)."""
         if self._burst is None or self._traffic is None:
-            return inp
+            return self.within_fleet(inp)
         span = self._traffic.config.window_s
+        now = self._clock() if self._clock is not None else 0.0
         demand = {}
         for spec in inp.models:
             name = spec.arch.name
@@ -173,9 +192,59 @@ class PlanningCycle:
             if d is None:
                 continue
             arrivals = self._traffic.arrivals(name)
+            d = recent_lengths(d, arrivals, now, self._loop)
             restart = restart_s(self._perf, inp, name, self._costs)
             demand[name] = self._burst.size(d, arrivals, span, inp.slo(name), restart)
-        return replace(inp, demand=demand)
+        return self.within_fleet(replace(inp, demand=demand))
+
+    def within_fleet(self, inp: PlanningInput) -> PlanningInput:
+        """``inp`` fitted to a fleet that cannot carry its bursts (unchanged when it can).
+
+        A burst the whole fleet cannot carry is not worth planning for at any price: the
+        planner would serve as much of the *sized* demand as it can, and because the phases'
+        factors differ (prefill's delay budget is a second, decode's tens of seconds, so a
+        10x burst asks far more prefill than decode), it buys that with a skewed split that
+        cannot even serve the mean mix (issue 11: on 10x on-off bursts, 9 of 12 instances
+        prefilling, serving 76 % of the mean by the model's own count, where the colocated
+        fleet serves all of it). So, when the best placement cannot serve the sized demand:
+
+        * the peak factors are lowered, all by one share of their excess over 1 (bisection),
+          until the best placement serves them in full: the mean stays served and as much of
+          the burst is covered as the fleet allows;
+        * the model's workers are planned colocated (mixed) when that still serves the mean:
+          a burst past the fleet's capacity is met best by every instance prefilling it,
+          while split pools leave the decode pool idle through the prompt burst (the
+          planner's steady-state picture of a mixed worker, both phases' peaks at once, cannot
+          see that the two peaks come at different times).
+        """
+        peaked = {
+            n: d
+            for n, d in inp.demand.items()
+            if d.arrival_rate_per_s > 0 and max(d.prefill_peak_factor, d.decode_peak_factor) > 1
+        }
+        if not peaked or self._carries(inp, peaked):
+            return inp
+        pooled = _colocated(inp, peaked)
+        if pooled is not inp and self._carries(_peaks_scaled(pooled, peaked, 0.0), peaked):
+            inp = pooled
+        lo, hi = 0.0, 1.0
+        for _ in range(_FIT_STEPS):
+            mid = (lo + hi) / 2
+            if self._carries(_peaks_scaled(inp, peaked, mid), peaked):
+                lo = mid
+            else:
+                hi = mid
+        return _peaks_scaled(inp, peaked, lo)
+
+    def _carries(self, inp: PlanningInput, models: Mapping[str, ModelDemand]) -> bool:
+        try:
+            served = self._planner.solve(inp).evaluation.served_requests_per_s
+        except FailedPrecondition:  # e.g. colocated only, too few shapes for the worker floor
+            return False
+        return all(
+            served.get(n, 0.0) >= inp.demand[n].arrival_rate_per_s * (1.0 - _FIT_TOLERANCE)
+            for n in models
+        )
 
     # -- planning ---------------------------------------------------------------------------
     def _plan(self, inp: PlanningInput, current: Placement) -> tuple[Plan, Solution, float]:
@@ -394,6 +463,80 @@ def _stopped(current: Placement, plan: Plan) -> Placement:
 
 def _only(plan: Plan, keep: Callable[[Move], bool]) -> Plan:
     return replace(plan, moves=tuple(m for m in plan.moves if keep(m)))
+
+
+def recent_lengths(
+    d: ModelDemand,
+    arrivals: tuple[np.ndarray, np.ndarray, np.ndarray],
+    now: float,
+    loop: LoopConfig,
+) -> ModelDemand:
+    """``d`` with the request lengths of the last ``loop.recent_s`` when the mix has shifted.
+
+    The traffic window (5 minutes) averages request lengths over its whole span, so after a
+    service shift (short chat prompts, then long documents) the planner sized and split the
+    fleet for a blend that no longer arrives, for as long as the old requests stayed in the
+    window: a fleet sized for the old prompts fell short on TTFT, and an owned fleet's decode
+    pool, sized for the KV of short prompts, blocked on the long ones (issue 11's diagnosis
+    on shifting mixes). Lengths move with the mix and not with bursts, so when the recent
+    part of the window differs from the older part beyond noise, the demand's lengths are
+    scaled by recent / window (the scale keeps what worker counters corrected). The rate
+    stays the window's: bursts are the burst sizer's.
+    """
+    times, prompts, outputs = arrivals
+    if d.arrival_rate_per_s <= 0 or times.size == 0:
+        return d
+    recent = times >= now - loop.recent_s
+    n_new = int(recent.sum())
+    n_old = int(times.size) - n_new
+    if min(n_new, n_old) < loop.shift_min_requests:
+        return d
+    shifted = any(
+        _differs(values[recent], values[~recent], loop.shift_z) for values in (prompts, outputs)
+    )
+    if not shifted:
+        return d
+    scale_p = float(prompts[recent].mean()) / max(float(prompts.mean()), 1e-9)
+    scale_o = float(outputs[recent].mean()) / max(float(outputs.mean()), 1e-9)
+    return replace(
+        d,
+        mean_prompt_tokens=max(1.0, d.mean_prompt_tokens * scale_p),
+        mean_output_tokens=max(1.0, d.mean_output_tokens * scale_o),
+    )
+
+
+def _differs(new: np.ndarray, old: np.ndarray, z: float) -> bool:
+    """The two samples' means differ by more than ``z`` standard errors of their difference."""
+    se = math.sqrt(float(new.var()) / new.size + float(old.var()) / old.size)
+    gap = abs(float(new.mean()) - float(old.mean()))
+    return gap > z * se if se > 0 else gap > 0
+
+
+def _colocated(inp: PlanningInput, models: Mapping[str, ModelDemand]) -> PlanningInput:
+    """``inp`` with ``models`` planned as mixed workers only (where mixed is allowed)."""
+    specs = tuple(
+        replace(m, roles=(Role.MIXED,))
+        if m.arch.name in models and Role.MIXED in m.roles and m.roles != (Role.MIXED,)
+        else m
+        for m in inp.models
+    )
+    if specs == inp.models:
+        return inp
+    return replace(inp, models=specs)
+
+
+def _peaks_scaled(
+    inp: PlanningInput, models: Mapping[str, ModelDemand], share: float
+) -> PlanningInput:
+    """``inp`` with each of ``models``' peak factors at ``share`` of its excess over 1."""
+    demand = dict(inp.demand)
+    for name, d in models.items():
+        demand[name] = replace(
+            d,
+            prefill_peak_factor=1.0 + share * (d.prefill_peak_factor - 1.0),
+            decode_peak_factor=1.0 + share * (d.decode_peak_factor - 1.0),
+        )
+    return replace(inp, demand=demand)
 
 
 def _scaled(inp: PlanningInput, factors: Mapping[str, float]) -> PlanningInput:

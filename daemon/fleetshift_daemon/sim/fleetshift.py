@@ -378,7 +378,7 @@ class FleetShift(RouterPolicy):
             self.burst_config,
         )
         sized = with_need(demand, need, self.burst_config.max_factor)
-        return dataclasses.replace(inp, demand={demand.model: sized})
+        return self.cycle.within_fleet(dataclasses.replace(inp, demand={demand.model: sized}))
 
     def _heartbeat(self, sim: Simulator, t: float) -> None:
         """What the agents would report: completions (for the estimator), token counters,
