@@ -229,8 +229,10 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
                 if len(data) < min(chunk, entry.size - offset):
                     raise SnapshotCorrupt(snap.snapshot_id, file, f"source file ends at {offset}")
                 end = offset + len(data)
-                yield self._chunk(file, offset, data, end == entry.size)
+                # Counted when handed to the stream: a client that has the last chunk closes
+                # the stream, and code after that final yield would never run.
                 self.on_sent(len(data))
+                yield self._chunk(file, offset, data, end == entry.size)
                 offset = end
                 if offset == entry.size:
                     return
