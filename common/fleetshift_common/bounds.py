@@ -37,6 +37,7 @@ MAX_SNAPSHOT_BYTES = 1 << 50  # 1 PiB: far beyond any snapshot a node can hold
 MAX_CHUNK_BYTES = 64 << 20  # the transfer's chunk cap is smaller still; 0 = server default
 MAX_TEXT_CHARS = 4096  # PATH_MAX: the longest string field (a path) any request needs
 MAX_ITEMS = 65_536  # default cap on a repeated field's length
+MAX_ROUTE_BATCH = 4096  # Route requests in one RouteStream message (~100 bytes each)
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,9 @@ BOUNDS: Mapping[str, Bound] = types.MappingProxyType(
         _V + "RouteRequest.expected_output_tokens": Bound(
             1, MAX_CONTEXT_TOKENS, "tokens", "an output fits the model's context"
         ),
+        _V + "RouteStreamItem.id": Bound(
+            0, (1 << 64) - 1, "", "the caller's own request id, only echoed in the answer"
+        ),
         _V + "Slo.ttft_ms": Bound(
             MIN_SLO_MS, MAX_TTFT_SLO_MS, "ms", "time to first token", zero="the model's SLO"
         ),
@@ -207,6 +211,7 @@ BOUNDS: Mapping[str, Bound] = types.MappingProxyType(
             0, MAX_TOKEN_ID, "", "a token id", max_items=1024
         ),
         _V + "GenerateRequest.resume_from_token": _TOKENS_SO_FAR,
+        _V + "GenerateRequest.hold_after_tokens": _TOKENS_SO_FAR,
         _V + "WorkerSampling.temperature": Bound(0, 100, "", "a softmax temperature"),
         _V + "WorkerSampling.top_p": Bound(0, 1, "", "a probability mass", lo_open=True),
         _V + "WorkerSampling.seed": Bound(0, (1 << 64) - 1, "", "any 64-bit seed"),
@@ -221,6 +226,7 @@ MAX_REPEATED: Mapping[str, int] = types.MappingProxyType(
         _V + "RegisterNodeRequest.gpus": MAX_GPUS_PER_NODE,
         _V + "HeartbeatRequest.workers": 256,
         _V + "WorkerStatus.session_ids": 1 << 20,
+        _V + "RouteStreamRequest.requests": MAX_ROUTE_BATCH,
     }
 )
 

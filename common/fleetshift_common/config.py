@@ -123,6 +123,10 @@ class EngineArgs:
     kv_connector: str = ""  # vLLM KV connector, e.g. "ExampleConnector" (disk), "NixlConnector"
     kv_role: str = "kv_both"
     kv_connector_path: str = ""  # ExampleConnector's shared_storage_path
+    # FleetShiftDiskConnector: an export of a session's KV that no import used is deleted
+    # after this long (an imported one at once). Long against a move's export-to-import gap
+    # (seconds), short against a disk filling up with exports of moves that rolled back.
+    kv_store_ttl_s: float = 600.0
     extra_args: tuple[str, ...] = ()  # further vLLM server flags, passed as given
 
     def __post_init__(self) -> None:
@@ -131,6 +135,7 @@ class EngineArgs:
                 "engine_args.max_model_len must be >= 0", field="engine_args.max_model_len"
             )
         _check_positive("engine_args.kv_cache_gib", self.kv_cache_gib)
+        _check_positive("engine_args.kv_store_ttl_s", self.kv_store_ttl_s)
         if not 0 <= self.gpu_memory_utilization <= 1:
             raise ConfigError(
                 "engine_args.gpu_memory_utilization must be in [0, 1]",

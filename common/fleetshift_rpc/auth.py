@@ -89,6 +89,7 @@ METHOD_ACCESS: Mapping[str, Access] = types.MappingProxyType(
         # every other operator method falls to the default, OPERATOR_WRITE; read-only ones
         # are listed here explicitly.
         "/fleetshift.v1.Placement/Route": _A.ROUTE,
+        "/fleetshift.v1.Placement/RouteStream": _A.ROUTE,
         "/fleetshift.v1.Placement/PlaceWorker": _A.ROUTE,
         "/fleetshift.v1.Planning/GetEfficiency": _A.OPERATOR_READ,
         "/fleetshift.v1.Planning/GetTrafficMix": _A.OPERATOR_READ,

@@ -130,6 +130,9 @@ class DaemonMetrics:
             ["outcome"],
             registry=r,
         )
+        # Looked up once: Route counts every call, and labels() takes a lock and a dict lookup.
+        self._routed = self.routes.labels(outcome="routed")
+        self._route_failed = self.routes.labels(outcome="failed")
         self.heartbeat_lag = Histogram(
             "fleetshift_heartbeat_lag_seconds",
             "Time between two heartbeats of the same node as the daemon received them",
@@ -241,11 +244,17 @@ class DaemonMetrics:
         try:
             yield
         except BaseException:
-            self.routes.labels(outcome="failed").inc()
+            self._route_failed.inc()
             raise
         finally:
             self.route_latency.observe(perf_counter() - start)
-        self.routes.labels(outcome="routed").inc()
+        self._routed.inc()
+
+    def route_done(self, seconds: float, *, ok: bool) -> None:
+        """One Route answered (``ok``) or refused, ``seconds`` after it began: what
+        ``time_route`` records, for a caller that times the call itself (RouteStream)."""
+        self.route_latency.observe(seconds)
+        (self._routed if ok else self._route_failed).inc()
 
     def observe_heartbeat(self, lag_s: float) -> None:
         self.heartbeat_lag.observe(lag_s)

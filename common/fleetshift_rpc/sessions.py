@@ -22,10 +22,10 @@ from fleetshift.v1 import (
     operations_pb2,
     operations_pb2_grpc,
     placement_pb2,
-    placement_pb2_grpc,
     worker_pb2,
     worker_pb2_grpc,
 )
+from fleetshift_rpc.route_stream import route_client
 
 # Opens (or lends) a channel to a worker endpoint; the default opens a fresh one per stream.
 ChannelFor = Callable[[str], AbstractAsyncContextManager[grpc.aio.Channel]]
@@ -132,7 +132,7 @@ async def routed_session(
     first is marked ``reroute``, so the daemon's traffic mix counts the request once (set it
     on ``route`` too when ``endpoint`` came from a Route call for this same request).
     """
-    placement = stub(placement_pb2_grpc.PlacementStub, daemon)
+    placement = route_client(daemon)  # the channel's one RouteStream, shared by every caller
     loop = asyncio.get_running_loop()
     deadline = loop.time() + reroute_timeout_s
     again = placement_pb2.RouteRequest()
@@ -140,7 +140,7 @@ async def routed_session(
     again.reroute = True
     while True:
         if not endpoint:
-            endpoint = (await placement.Route(route, timeout=5)).endpoint
+            endpoint = (await placement.route(route, timeout=5)).endpoint
             route = again  # counted once: every later Route call is a re-route
         started = False
         try:

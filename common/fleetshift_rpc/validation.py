@@ -137,14 +137,38 @@ class RequestBounds(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+        if handler is None or handler.request_deserializer is None:
             return handler
         name = handler_call_details.method.rpartition("/")[2] + "'s request"
+        if handler.request_streaming:
+            if not handler.response_streaming or handler.stream_stream is None:
+                return handler
+            # A stream's messages are decoded as the servicer reads them; one that does not
+            # decode ends the stream as INVALID_ARGUMENT. Bounds stay the servicer's: it
+            # answers a bad request on the stream and goes on (RouteStream).
+            return handler._replace(
+                request_deserializer=_tolerant(handler.request_deserializer, name),
+                stream_stream=_guard_decoding(handler.stream_stream),
+            )
         kind = "unary_stream" if handler.response_streaming else "unary_unary"
         return handler._replace(
             request_deserializer=_tolerant(handler.request_deserializer, name),
             **{kind: _guard(getattr(handler, kind))},
         )
+
+
+def _guard_decoding(behavior: Callable[..., Any]) -> Callable[..., Any]:
+    async def streaming(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def decoded() -> AsyncIterator[Any]:
+            async for request in requests:
+                if isinstance(request, _Undecodable):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+                yield request
+
+        async for item in behavior(decoded(), context):
+            yield item
+
+    return streaming
 
 
 def _guard(behavior: Callable[..., Any]) -> Callable[..., Any]:

@@ -26,49 +26,49 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from fleetshift.v1 import fleet_pb2 as fleetshift_dot_v1_dot_fleet__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x66leetshift/v1/operations.proto\x12\rfleetshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19\x66leetshift/v1/fleet.proto\"\xd3\x03\n\rOperationStep\x12\r\n\x05index\x18\x01 \x01(\r\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.fleetshift.v1.StepKind\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x13\n\x0btarget_node\x18\x04 \x01(\t\x12.\n\x0btarget_role\x18\x05 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x13\n\x0btarget_gpus\x18\x06 \x03(\r\x12\r\n\x05phase\x18\x07 \x01(\t\x12\'\n\x05state\x18\x08 \x01(\x0e\x32\x18.fleetshift.v1.StepState\x12\x15\n\rnew_worker_id\x18\t \x01(\t\x12\x13\n\x0bsnapshot_id\x18\n \x01(\t\x12\x13\n\x0b\x62ytes_moved\x18\x0b \x01(\x04\x12\x18\n\x10sessions_carried\x18\x0c \x01(\r\x12\x1c\n\x14max_session_pause_ms\x18\r \x01(\x01\x12.\n\nstarted_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x10 \x01(\t\"\x95\x03\n\tOperation\x12\n\n\x02id\x18\x01 \x01(\t\x12*\n\x04kind\x18\x02 \x01(\x0e\x32\x1c.fleetshift.v1.OperationKind\x12,\n\x05state\x18\x03 \x01(\x0e\x32\x1d.fleetshift.v1.OperationState\x12\x14\n\x0crequested_by\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12+\n\x05steps\x18\x07 \x03(\x0b\x32\x1c.fleetshift.v1.OperationStep\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x18\n\x10\x63\x61ncel_requested\x18\x0b \x01(\x08\x12\x13\n\x0b\x62ytes_moved\x18\x0c \x01(\x04\x12\x18\n\x10sessions_carried\x18\r \x01(\r\";\n\x10RebalanceRequest\x12\x17\n\x0fidempotency_key\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"J\n\x0c\x44rainRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa9\x01\n\x11MoveWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0btarget_node\x18\x02 \x01(\t\x12\x13\n\x0btarget_gpus\x18\x03 \x03(\r\x12.\n\x0btarget_role\x18\x04 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\"\xa1\x01\n\x17StartFleetWorkerRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x04role\x18\x02 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x17\n\x0ftensor_parallel\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x11\n\tnode_name\x18\x05 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x06 \x03(\r\"+\n\x16StopFleetWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"+\n\x13GetOperationRequest\x12\x14\n\x0coperation_id\x18\x01 \x01(\t\"?\n\x15ListOperationsRequest\x12\r\n\x05limit\x18\x01 \x01(\r\x12\x17\n\x0funfinished_only\x18\x02 \x01(\x08\"F\n\x16ListOperationsResponse\x12,\n\noperations\x18\x01 \x03(\x0b\x32\x18.fleetshift.v1.Operation\"-\n\x15WatchOperationRequest\x12\x14\n\x0coperation_id\x18\x01 \x01(\t\".\n\x16\x43\x61ncelOperationRequest\x12\x14\n\x0coperation_id\x18\x01 \x01(\t\"*\n\x14LocateSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"]\n\x0fSessionLocation\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x11\n\tnode_name\x18\x04 \x01(\t*\x87\x01\n\rOperationKind\x12\x1e\n\x1aOPERATION_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18OPERATION_KIND_REBALANCE\x10\x01\x12\x18\n\x14OPERATION_KIND_DRAIN\x10\x02\x12\x1e\n\x1aOPERATION_KIND_MOVE_WORKER\x10\x03*\xc5\x01\n\x0eOperationState\x12\x1f\n\x1bOPERATION_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17OPERATION_STATE_PENDING\x10\x01\x12\x1b\n\x17OPERATION_STATE_RUNNING\x10\x02\x12\x1d\n\x19OPERATION_STATE_SUCCEEDED\x10\x03\x12\x1a\n\x16OPERATION_STATE_FAILED\x10\x04\x12\x1d\n\x19OPERATION_STATE_CANCELLED\x10\x05*\x9c\x01\n\x08StepKind\x12\x19\n\x15STEP_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15STEP_KIND_ROLE_CHANGE\x10\x01\x12\x15\n\x11STEP_KIND_MIGRATE\x10\x02\x12\x18\n\x14STEP_KIND_COLD_START\x10\x03\x12\x13\n\x0fSTEP_KIND_START\x10\x04\x12\x14\n\x10STEP_KIND_RETIRE\x10\x05*\xa0\x01\n\tStepState\x12\x1a\n\x16STEP_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12STEP_STATE_PENDING\x10\x01\x12\x16\n\x12STEP_STATE_RUNNING\x10\x02\x12\x13\n\x0fSTEP_STATE_DONE\x10\x03\x12\x1a\n\x16STEP_STATE_ROLLED_BACK\x10\x04\x12\x16\n\x12STEP_STATE_SKIPPED\x10\x05\x32\xaf\x06\n\nOperations\x12R\n\x0bStartWorker\x12&.fleetshift.v1.StartFleetWorkerRequest\x1a\x1b.fleetshift.v1.WorkerStatus\x12P\n\nStopWorker\x12%.fleetshift.v1.StopFleetWorkerRequest\x1a\x1b.fleetshift.v1.WorkerStatus\x12\x46\n\tRebalance\x12\x1f.fleetshift.v1.RebalanceRequest\x1a\x18.fleetshift.v1.Operation\x12>\n\x05\x44rain\x12\x1b.fleetshift.v1.DrainRequest\x1a\x18.fleetshift.v1.Operation\x12H\n\nMoveWorker\x12 .fleetshift.v1.MoveWorkerRequest\x1a\x18.fleetshift.v1.Operation\x12L\n\x0cGetOperation\x12\".fleetshift.v1.GetOperationRequest\x1a\x18.fleetshift.v1.Operation\x12]\n\x0eListOperations\x12$.fleetshift.v1.ListOperationsRequest\x1a%.fleetshift.v1.ListOperationsResponse\x12R\n\x0eWatchOperation\x12$.fleetshift.v1.WatchOperationRequest\x1a\x18.fleetshift.v1.Operation0\x01\x12R\n\x0f\x43\x61ncelOperation\x12%.fleetshift.v1.CancelOperationRequest\x1a\x18.fleetshift.v1.Operation\x12T\n\rLocateSession\x12#.fleetshift.v1.LocateSessionRequest\x1a\x1e.fleetshift.v1.SessionLocationb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x66leetshift/v1/operations.proto\x12\rfleetshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19\x66leetshift/v1/fleet.proto\"\xf2\x03\n\rOperationStep\x12\r\n\x05index\x18\x01 \x01(\r\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.fleetshift.v1.StepKind\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x13\n\x0btarget_node\x18\x04 \x01(\t\x12.\n\x0btarget_role\x18\x05 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x13\n\x0btarget_gpus\x18\x06 \x03(\r\x12\r\n\x05phase\x18\x07 \x01(\t\x12\'\n\x05state\x18\x08 \x01(\x0e\x32\x18.fleetshift.v1.StepState\x12\x15\n\rnew_worker_id\x18\t \x01(\t\x12\x13\n\x0bsnapshot_id\x18\n \x01(\t\x12\x13\n\x0b\x62ytes_moved\x18\x0b \x01(\x04\x12\x18\n\x10sessions_carried\x18\x0c \x01(\r\x12\x1c\n\x14max_session_pause_ms\x18\r \x01(\x01\x12.\n\nstarted_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x10 \x01(\t\x12\x1d\n\x14sessions_kv_restored\x18\xe0\x03 \x01(\r\"\x95\x03\n\tOperation\x12\n\n\x02id\x18\x01 \x01(\t\x12*\n\x04kind\x18\x02 \x01(\x0e\x32\x1c.fleetshift.v1.OperationKind\x12,\n\x05state\x18\x03 \x01(\x0e\x32\x1d.fleetshift.v1.OperationState\x12\x14\n\x0crequested_by\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12+\n\x05steps\x18\x07 \x03(\x0b\x32\x1c.fleetshift.v1.OperationStep\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x18\n\x10\x63\x61ncel_requested\x18\x0b \x01(\x08\x12\x13\n\x0b\x62ytes_moved\x18\x0c \x01(\x04\x12\x18\n\x10sessions_carried\x18\r \x01(\r\";\n\x10RebalanceRequest\x12\x17\n\x0fidempotency_key\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"J\n\x0c\x44rainRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa9\x01\n\x11MoveWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0btarget_node\x18\x02 \x01(\t\x12\x13\n\x0btarget_gpus\x18\x03 \x03(\r\x12.\n\x0btarget_role\x18\x04 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\"\xa1\x01\n\x17StartFleetWorkerRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x04role\x18\x02 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x17\n\x0ftensor_parallel\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x11\n\tnode_name\x18\x05 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x06 \x03(\r\"+\n\x16StopFleetWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"+\n\x13GetOperationRequest\x12\x14\n\x0coperation_id\x18\x01 \x01(\t\"?\n\x15ListOperationsRequest\x12\r\n\x05limit\x18\x01 \x01(\r\x12\x17\n\x0funfinished_only\x18\x02 \x01(\x08\"F\n\x16ListOperationsResponse\x12,\n\noperations\x18\x01 \x03(\x0b\x32\x18.fleetshift.v1.Operation\"-\n\x15WatchOperationRequest\x12\x14\n\x0coperation_id\x18\x01 \x01(\t\".\n\x16\x43\x61ncelOperationRequest\x12\x14\n\x0coperation_id\x18\x01 \x01(\t\"*\n\x14LocateSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"]\n\x0fSessionLocation\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x11\n\tnode_name\x18\x04 \x01(\t*\x87\x01\n\rOperationKind\x12\x1e\n\x1aOPERATION_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18OPERATION_KIND_REBALANCE\x10\x01\x12\x18\n\x14OPERATION_KIND_DRAIN\x10\x02\x12\x1e\n\x1aOPERATION_KIND_MOVE_WORKER\x10\x03*\xc5\x01\n\x0eOperationState\x12\x1f\n\x1bOPERATION_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17OPERATION_STATE_PENDING\x10\x01\x12\x1b\n\x17OPERATION_STATE_RUNNING\x10\x02\x12\x1d\n\x19OPERATION_STATE_SUCCEEDED\x10\x03\x12\x1a\n\x16OPERATION_STATE_FAILED\x10\x04\x12\x1d\n\x19OPERATION_STATE_CANCELLED\x10\x05*\x9c\x01\n\x08StepKind\x12\x19\n\x15STEP_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15STEP_KIND_ROLE_CHANGE\x10\x01\x12\x15\n\x11STEP_KIND_MIGRATE\x10\x02\x12\x18\n\x14STEP_KIND_COLD_START\x10\x03\x12\x13\n\x0fSTEP_KIND_START\x10\x04\x12\x14\n\x10STEP_KIND_RETIRE\x10\x05*\xa0\x01\n\tStepState\x12\x1a\n\x16STEP_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12STEP_STATE_PENDING\x10\x01\x12\x16\n\x12STEP_STATE_RUNNING\x10\x02\x12\x13\n\x0fSTEP_STATE_DONE\x10\x03\x12\x1a\n\x16STEP_STATE_ROLLED_BACK\x10\x04\x12\x16\n\x12STEP_STATE_SKIPPED\x10\x05\x32\xaf\x06\n\nOperations\x12R\n\x0bStartWorker\x12&.fleetshift.v1.StartFleetWorkerRequest\x1a\x1b.fleetshift.v1.WorkerStatus\x12P\n\nStopWorker\x12%.fleetshift.v1.StopFleetWorkerRequest\x1a\x1b.fleetshift.v1.WorkerStatus\x12\x46\n\tRebalance\x12\x1f.fleetshift.v1.RebalanceRequest\x1a\x18.fleetshift.v1.Operation\x12>\n\x05\x44rain\x12\x1b.fleetshift.v1.DrainRequest\x1a\x18.fleetshift.v1.Operation\x12H\n\nMoveWorker\x12 .fleetshift.v1.MoveWorkerRequest\x1a\x18.fleetshift.v1.Operation\x12L\n\x0cGetOperation\x12\".fleetshift.v1.GetOperationRequest\x1a\x18.fleetshift.v1.Operation\x12]\n\x0eListOperations\x12$.fleetshift.v1.ListOperationsRequest\x1a%.fleetshift.v1.ListOperationsResponse\x12R\n\x0eWatchOperation\x12$.fleetshift.v1.WatchOperationRequest\x1a\x18.fleetshift.v1.Operation0\x01\x12R\n\x0f\x43\x61ncelOperation\x12%.fleetshift.v1.CancelOperationRequest\x1a\x18.fleetshift.v1.Operation\x12T\n\rLocateSession\x12#.fleetshift.v1.LocateSessionRequest\x1a\x1e.fleetshift.v1.SessionLocationb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fleetshift.v1.operations_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPERATIONKIND']._serialized_start=1922
-  _globals['_OPERATIONKIND']._serialized_end=2057
-  _globals['_OPERATIONSTATE']._serialized_start=2060
-  _globals['_OPERATIONSTATE']._serialized_end=2257
-  _globals['_STEPKIND']._serialized_start=2260
-  _globals['_STEPKIND']._serialized_end=2416
-  _globals['_STEPSTATE']._serialized_start=2419
-  _globals['_STEPSTATE']._serialized_end=2579
+  _globals['_OPERATIONKIND']._serialized_start=1953
+  _globals['_OPERATIONKIND']._serialized_end=2088
+  _globals['_OPERATIONSTATE']._serialized_start=2091
+  _globals['_OPERATIONSTATE']._serialized_end=2288
+  _globals['_STEPKIND']._serialized_start=2291
+  _globals['_STEPKIND']._serialized_end=2447
+  _globals['_STEPSTATE']._serialized_start=2450
+  _globals['_STEPSTATE']._serialized_end=2610
   _globals['_OPERATIONSTEP']._serialized_start=110
-  _globals['_OPERATIONSTEP']._serialized_end=577
-  _globals['_OPERATION']._serialized_start=580
-  _globals['_OPERATION']._serialized_end=985
-  _globals['_REBALANCEREQUEST']._serialized_start=987
-  _globals['_REBALANCEREQUEST']._serialized_end=1046
-  _globals['_DRAINREQUEST']._serialized_start=1048
-  _globals['_DRAINREQUEST']._serialized_end=1122
-  _globals['_MOVEWORKERREQUEST']._serialized_start=1125
-  _globals['_MOVEWORKERREQUEST']._serialized_end=1294
-  _globals['_STARTFLEETWORKERREQUEST']._serialized_start=1297
-  _globals['_STARTFLEETWORKERREQUEST']._serialized_end=1458
-  _globals['_STOPFLEETWORKERREQUEST']._serialized_start=1460
-  _globals['_STOPFLEETWORKERREQUEST']._serialized_end=1503
-  _globals['_GETOPERATIONREQUEST']._serialized_start=1505
-  _globals['_GETOPERATIONREQUEST']._serialized_end=1548
-  _globals['_LISTOPERATIONSREQUEST']._serialized_start=1550
-  _globals['_LISTOPERATIONSREQUEST']._serialized_end=1613
-  _globals['_LISTOPERATIONSRESPONSE']._serialized_start=1615
-  _globals['_LISTOPERATIONSRESPONSE']._serialized_end=1685
-  _globals['_WATCHOPERATIONREQUEST']._serialized_start=1687
-  _globals['_WATCHOPERATIONREQUEST']._serialized_end=1732
-  _globals['_CANCELOPERATIONREQUEST']._serialized_start=1734
-  _globals['_CANCELOPERATIONREQUEST']._serialized_end=1780
-  _globals['_LOCATESESSIONREQUEST']._serialized_start=1782
-  _globals['_LOCATESESSIONREQUEST']._serialized_end=1824
-  _globals['_SESSIONLOCATION']._serialized_start=1826
-  _globals['_SESSIONLOCATION']._serialized_end=1919
-  _globals['_OPERATIONS']._serialized_start=2582
-  _globals['_OPERATIONS']._serialized_end=3397
+  _globals['_OPERATIONSTEP']._serialized_end=608
+  _globals['_OPERATION']._serialized_start=611
+  _globals['_OPERATION']._serialized_end=1016
+  _globals['_REBALANCEREQUEST']._serialized_start=1018
+  _globals['_REBALANCEREQUEST']._serialized_end=1077
+  _globals['_DRAINREQUEST']._serialized_start=1079
+  _globals['_DRAINREQUEST']._serialized_end=1153
+  _globals['_MOVEWORKERREQUEST']._serialized_start=1156
+  _globals['_MOVEWORKERREQUEST']._serialized_end=1325
+  _globals['_STARTFLEETWORKERREQUEST']._serialized_start=1328
+  _globals['_STARTFLEETWORKERREQUEST']._serialized_end=1489
+  _globals['_STOPFLEETWORKERREQUEST']._serialized_start=1491
+  _globals['_STOPFLEETWORKERREQUEST']._serialized_end=1534
+  _globals['_GETOPERATIONREQUEST']._serialized_start=1536
+  _globals['_GETOPERATIONREQUEST']._serialized_end=1579
+  _globals['_LISTOPERATIONSREQUEST']._serialized_start=1581
+  _globals['_LISTOPERATIONSREQUEST']._serialized_end=1644
+  _globals['_LISTOPERATIONSRESPONSE']._serialized_start=1646
+  _globals['_LISTOPERATIONSRESPONSE']._serialized_end=1716
+  _globals['_WATCHOPERATIONREQUEST']._serialized_start=1718
+  _globals['_WATCHOPERATIONREQUEST']._serialized_end=1763
+  _globals['_CANCELOPERATIONREQUEST']._serialized_start=1765
+  _globals['_CANCELOPERATIONREQUEST']._serialized_end=1811
+  _globals['_LOCATESESSIONREQUEST']._serialized_start=1813
+  _globals['_LOCATESESSIONREQUEST']._serialized_end=1855
+  _globals['_SESSIONLOCATION']._serialized_start=1857
+  _globals['_SESSIONLOCATION']._serialized_end=1950
+  _globals['_OPERATIONS']._serialized_start=2613
+  _globals['_OPERATIONS']._serialized_end=3428
 # @@protoc_insertion_point(module_scope)

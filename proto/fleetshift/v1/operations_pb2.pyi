@@ -68,7 +68,7 @@ STEP_STATE_ROLLED_BACK: StepState
 STEP_STATE_SKIPPED: StepState
 
 class OperationStep(_message.Message):
-    __slots__ = ("index", "kind", "worker_id", "target_node", "target_role", "target_gpus", "phase", "state", "new_worker_id", "snapshot_id", "bytes_moved", "sessions_carried", "max_session_pause_ms", "started_at", "finished_at", "error")
+    __slots__ = ("index", "kind", "worker_id", "target_node", "target_role", "target_gpus", "phase", "state", "new_worker_id", "snapshot_id", "bytes_moved", "sessions_carried", "max_session_pause_ms", "started_at", "finished_at", "error", "sessions_kv_restored")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class OperationStep(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_KV_RESTORED_FIELD_NUMBER: _ClassVar[int]
     index: int
     kind: StepKind
     worker_id: str
@@ -101,7 +102,8 @@ class OperationStep(_message.Message):
     started_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
     error: str
-    def __init__(self, index: _Optional[int] = ..., kind: _Optional[_Union[StepKind, str]] = ..., worker_id: _Optional[str] = ..., target_node: _Optional[str] = ..., target_role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ..., target_gpus: _Optional[_Iterable[int]] = ..., phase: _Optional[str] = ..., state: _Optional[_Union[StepState, str]] = ..., new_worker_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., bytes_moved: _Optional[int] = ..., sessions_carried: _Optional[int] = ..., max_session_pause_ms: _Optional[float] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+    sessions_kv_restored: int
+    def __init__(self, index: _Optional[int] = ..., kind: _Optional[_Union[StepKind, str]] = ..., worker_id: _Optional[str] = ..., target_node: _Optional[str] = ..., target_role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ..., target_gpus: _Optional[_Iterable[int]] = ..., phase: _Optional[str] = ..., state: _Optional[_Union[StepState, str]] = ..., new_worker_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., bytes_moved: _Optional[int] = ..., sessions_carried: _Optional[int] = ..., max_session_pause_ms: _Optional[float] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., sessions_kv_restored: _Optional[int] = ...) -> None: ...
 
 class Operation(_message.Message):
     __slots__ = ("id", "kind", "state", "requested_by", "reason", "idempotency_key", "steps", "created_at", "updated_at", "error", "cancel_requested", "bytes_moved", "sessions_carried")

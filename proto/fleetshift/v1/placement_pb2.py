@@ -26,15 +26,15 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from fleetshift.v1 import fleet_pb2 as fleetshift_dot_v1_dot_fleet__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66leetshift/v1/placement.proto\x12\rfleetshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19\x66leetshift/v1/fleet.proto\"&\n\x03Slo\x12\x0f\n\x07ttft_ms\x18\x01 \x01(\x01\x12\x0e\n\x06tbt_ms\x18\x02 \x01(\x01\"\xc3\x01\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12#\n\x16\x65xpected_output_tokens\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x1f\n\x03slo\x18\x04 \x01(\x0b\x32\x12.fleetshift.v1.Slo\x12\x1b\n\x13preferred_worker_id\x18\x05 \x01(\t\x12\x0f\n\x07reroute\x18\x06 \x01(\x08\x42\x19\n\x17_expected_output_tokens\"\xb9\x01\n\nScoreTerms\x12\x11\n\tphase_fit\x18\x01 \x01(\x01\x12\x0f\n\x07latency\x18\x02 \x01(\x01\x12\x0c\n\x04load\x18\x03 \x01(\x01\x12\x13\n\x0bkv_headroom\x18\x04 \x01(\x01\x12\x0e\n\x06health\x18\x05 \x01(\x01\x12\x10\n\x08\x61\x66\x66inity\x18\x06 \x01(\x01\x12\r\n\x05total\x18\x07 \x01(\x01\x12\x19\n\x11predicted_ttft_ms\x18\x08 \x01(\x01\x12\x18\n\x10predicted_tbt_ms\x18\t \x01(\x01\"\xe5\x01\n\rRouteResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x04 \x01(\t\x12\x17\n\x0f\x64\x65\x63ode_endpoint\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12(\n\x05terms\x18\x07 \x01(\x0b\x32\x19.fleetshift.v1.ScoreTerms\x12\x15\n\routput_tokens\x18\x08 \x01(\x01\x12\x18\n\x10output_estimated\x18\t \x01(\x08\"\x8d\x01\n\x12PlaceWorkerRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x04role\x18\x02 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x17\n\x0ftensor_parallel\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x17\n\x0fprefer_gpu_kind\x18\x05 \x01(\t\"y\n\x13PlaceWorkerResponse\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x02 \x03(\r\x12\x10\n\x08gpu_kind\x18\x03 \x01(\t\x12\x18\n\x10warm_snapshot_id\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\'\n\x14GetEfficiencyRequest\x12\x0f\n\x07history\x18\x01 \x01(\r\"\xb4\x01\n\x10\x45\x66\x66iciencySample\x12,\n\x08taken_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nefficiency\x18\x02 \x01(\x01\x12$\n\x1c\x63urrent_goodput_tokens_per_s\x18\x03 \x01(\x01\x12!\n\x19\x62\x65st_goodput_tokens_per_s\x18\x04 \x01(\x01\x12\x15\n\rplan_proposed\x18\x05 \x01(\x08\"Y\n\x0fPredictionBasis\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08gpu_kind\x18\x02 \x01(\t\x12\x10\n\x08measured\x18\x03 \x01(\x08\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"\x84\x03\n\x10\x45\x66\x66iciencyReport\x12/\n\x06latest\x18\x01 \x01(\x0b\x32\x1f.fleetshift.v1.EfficiencySample\x12\x30\n\x07history\x18\x02 \x03(\x0b\x32\x1f.fleetshift.v1.EfficiencySample\x12\x11\n\tthreshold\x18\x03 \x01(\x01\x12\x1d\n\x15\x62\x65low_threshold_for_s\x18\x04 \x01(\x01\x12\x33\n\x0bpredictions\x18\x05 \x03(\x0b\x32\x1e.fleetshift.v1.PredictionBasis\x12\x17\n\x0fplanner_enabled\x18\x06 \x01(\x08\x12\x0c\n\x04note\x18\x07 \x01(\t\x12\x1d\n\x15measured_slo_reported\x18\x08 \x01(\x08\x12\x1f\n\x17measured_slo_attainment\x18\t \x01(\x01\x12 \n\x18predicted_slo_attainment\x18\n \x01(\x01\x12\x1d\n\x15slo_attainment_target\x18\x0b \x01(\x01\"%\n\x14GetTrafficMixRequest\x12\r\n\x05model\x18\x01 \x01(\t\"5\n\x0bLengthStats\x12\x0c\n\x04mean\x18\x01 \x01(\x01\x12\x0b\n\x03p50\x18\x02 \x01(\x01\x12\x0b\n\x03p90\x18\x03 \x01(\x01\"\xf7\x01\n\x0cModelTraffic\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1a\n\x12\x61rrival_rate_per_s\x18\x02 \x01(\x01\x12\x31\n\rprompt_tokens\x18\x03 \x01(\x0b\x32\x1a.fleetshift.v1.LengthStats\x12\x31\n\routput_tokens\x18\x04 \x01(\x0b\x32\x1a.fleetshift.v1.LengthStats\x12\x1c\n\x14prefill_decode_ratio\x18\x05 \x01(\x01\x12\x1a\n\x12requests_in_window\x18\x06 \x01(\x04\x12\x1c\n\x14\x65stimator_mae_tokens\x18\x07 \x01(\x01\"K\n\nTrafficMix\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.fleetshift.v1.ModelTraffic\x12\x10\n\x08window_s\x18\x02 \x01(\x01\"\x16\n\x14PlanRebalanceRequest\"\xda\x01\n\rPlannedWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\'\n\x04role\x18\x03 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x10\n\x08gpu_kind\x18\x04 \x01(\t\x12\x17\n\x0ftensor_parallel\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x11\n\tnode_name\x18\x07 \x01(\t\x12\x0f\n\x06\x65ngine\x18\xde\x02 \x01(\t\x12 \n\x17tensor_parallel_nominal\x18\xdf\x02 \x01(\x08\"\xc9\x02\n\x0bPlannedMove\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.fleetshift.v1.MoveKind\x12\r\n\x05model\x18\x02 \x01(\t\x12,\n\x06source\x18\x03 \x01(\x0b\x32\x1c.fleetshift.v1.PlannedWorker\x12,\n\x06target\x18\x04 \x01(\x0b\x32\x1c.fleetshift.v1.PlannedWorker\x12\x15\n\rbytes_to_move\x18\x05 \x01(\x04\x12\x12\n\nduration_s\x18\x06 \x01(\x01\x12\x18\n\x10\x65xpected_pause_s\x18\x07 \x01(\x01\x12\x19\n\x11sessions_affected\x18\x08 \x01(\r\x12#\n\x1bpredicted_gain_tokens_per_s\x18\t \x01(\x01\x12\x13\n\x0b\x63ost_tokens\x18\n \x01(\x01\x12\x0e\n\x06reason\x18\x0b \x01(\t\"\x9b\x02\n\x04Plan\x12)\n\x05moves\x18\x01 \x03(\x0b\x32\x1a.fleetshift.v1.PlannedMove\x12\x19\n\x11\x65\x66\x66iciency_before\x18\x02 \x01(\x01\x12#\n\x1bgoodput_before_tokens_per_s\x18\x03 \x01(\x01\x12\"\n\x1agoodput_after_tokens_per_s\x18\x04 \x01(\x01\x12\x15\n\rbytes_to_move\x18\x05 \x01(\x04\x12\x10\n\x08pays_off\x18\x06 \x01(\x08\x12\x15\n\rsolver_status\x18\x07 \x01(\t\x12\x0f\n\x07solve_s\x18\x08 \x01(\x01\x12\x33\n\x0bpredictions\x18\t \x03(\x0b\x32\x1e.fleetshift.v1.PredictionBasis\"6\n\x12ListWorkersRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\"C\n\x13ListWorkersResponse\x12,\n\x07workers\x18\x01 \x03(\x0b\x32\x1b.fleetshift.v1.WorkerStatus*\x9a\x01\n\x08MoveKind\x12\x19\n\x15MOVE_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15MOVE_KIND_ROLE_CHANGE\x10\x01\x12\x15\n\x11MOVE_KIND_MIGRATE\x10\x02\x12\x18\n\x14MOVE_KIND_COLD_START\x10\x03\x12\x13\n\x0fMOVE_KIND_START\x10\x04\x12\x12\n\x0eMOVE_KIND_STOP\x10\x05\x32\xa5\x01\n\tPlacement\x12\x42\n\x05Route\x12\x1b.fleetshift.v1.RouteRequest\x1a\x1c.fleetshift.v1.RouteResponse\x12T\n\x0bPlaceWorker\x12!.fleetshift.v1.PlaceWorkerRequest\x1a\".fleetshift.v1.PlaceWorkerResponse2\xd3\x02\n\x08Planning\x12U\n\rGetEfficiency\x12#.fleetshift.v1.GetEfficiencyRequest\x1a\x1f.fleetshift.v1.EfficiencyReport\x12O\n\rGetTrafficMix\x12#.fleetshift.v1.GetTrafficMixRequest\x1a\x19.fleetshift.v1.TrafficMix\x12I\n\rPlanRebalance\x12#.fleetshift.v1.PlanRebalanceRequest\x1a\x13.fleetshift.v1.Plan\x12T\n\x0bListWorkers\x12!.fleetshift.v1.ListWorkersRequest\x1a\".fleetshift.v1.ListWorkersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66leetshift/v1/placement.proto\x12\rfleetshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19\x66leetshift/v1/fleet.proto\"&\n\x03Slo\x12\x0f\n\x07ttft_ms\x18\x01 \x01(\x01\x12\x0e\n\x06tbt_ms\x18\x02 \x01(\x01\"\xc3\x01\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12#\n\x16\x65xpected_output_tokens\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x1f\n\x03slo\x18\x04 \x01(\x0b\x32\x12.fleetshift.v1.Slo\x12\x1b\n\x13preferred_worker_id\x18\x05 \x01(\t\x12\x0f\n\x07reroute\x18\x06 \x01(\x08\x42\x19\n\x17_expected_output_tokens\"\xb9\x01\n\nScoreTerms\x12\x11\n\tphase_fit\x18\x01 \x01(\x01\x12\x0f\n\x07latency\x18\x02 \x01(\x01\x12\x0c\n\x04load\x18\x03 \x01(\x01\x12\x13\n\x0bkv_headroom\x18\x04 \x01(\x01\x12\x0e\n\x06health\x18\x05 \x01(\x01\x12\x10\n\x08\x61\x66\x66inity\x18\x06 \x01(\x01\x12\r\n\x05total\x18\x07 \x01(\x01\x12\x19\n\x11predicted_ttft_ms\x18\x08 \x01(\x01\x12\x18\n\x10predicted_tbt_ms\x18\t \x01(\x01\"\xe5\x01\n\rRouteResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x04 \x01(\t\x12\x17\n\x0f\x64\x65\x63ode_endpoint\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12(\n\x05terms\x18\x07 \x01(\x0b\x32\x19.fleetshift.v1.ScoreTerms\x12\x15\n\routput_tokens\x18\x08 \x01(\x01\x12\x18\n\x10output_estimated\x18\t \x01(\x08\"K\n\x0fRouteStreamItem\x12\x0b\n\x02id\x18\xa6\x04 \x01(\x04\x12+\n\x05route\x18\xa7\x04 \x01(\x0b\x32\x1b.fleetshift.v1.RouteRequest\"G\n\x12RouteStreamRequest\x12\x31\n\x08requests\x18\xa6\x04 \x03(\x0b\x32\x1e.fleetshift.v1.RouteStreamItem\"=\n\nRouteError\x12\r\n\x04\x63ode\x18\xa6\x04 \x01(\x05\x12\x10\n\x07message\x18\xa7\x04 \x01(\t\x12\x0e\n\x05\x66ield\x18\xa8\x04 \x01(\t\"\x87\x01\n\x11RouteStreamAnswer\x12\x0b\n\x02id\x18\xa6\x04 \x01(\x04\x12.\n\x05route\x18\xa7\x04 \x01(\x0b\x32\x1c.fleetshift.v1.RouteResponseH\x00\x12+\n\x05\x65rror\x18\xa8\x04 \x01(\x0b\x32\x19.fleetshift.v1.RouteErrorH\x00\x42\x08\n\x06\x61nswer\"I\n\x13RouteStreamResponse\x12\x32\n\x07\x61nswers\x18\xa6\x04 \x03(\x0b\x32 .fleetshift.v1.RouteStreamAnswer\"\x8d\x01\n\x12PlaceWorkerRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x04role\x18\x02 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x17\n\x0ftensor_parallel\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x17\n\x0fprefer_gpu_kind\x18\x05 \x01(\t\"y\n\x13PlaceWorkerResponse\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x02 \x03(\r\x12\x10\n\x08gpu_kind\x18\x03 \x01(\t\x12\x18\n\x10warm_snapshot_id\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\'\n\x14GetEfficiencyRequest\x12\x0f\n\x07history\x18\x01 \x01(\r\"\xb4\x01\n\x10\x45\x66\x66iciencySample\x12,\n\x08taken_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nefficiency\x18\x02 \x01(\x01\x12$\n\x1c\x63urrent_goodput_tokens_per_s\x18\x03 \x01(\x01\x12!\n\x19\x62\x65st_goodput_tokens_per_s\x18\x04 \x01(\x01\x12\x15\n\rplan_proposed\x18\x05 \x01(\x08\"Y\n\x0fPredictionBasis\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08gpu_kind\x18\x02 \x01(\t\x12\x10\n\x08measured\x18\x03 \x01(\x08\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"\x84\x03\n\x10\x45\x66\x66iciencyReport\x12/\n\x06latest\x18\x01 \x01(\x0b\x32\x1f.fleetshift.v1.EfficiencySample\x12\x30\n\x07history\x18\x02 \x03(\x0b\x32\x1f.fleetshift.v1.EfficiencySample\x12\x11\n\tthreshold\x18\x03 \x01(\x01\x12\x1d\n\x15\x62\x65low_threshold_for_s\x18\x04 \x01(\x01\x12\x33\n\x0bpredictions\x18\x05 \x03(\x0b\x32\x1e.fleetshift.v1.PredictionBasis\x12\x17\n\x0fplanner_enabled\x18\x06 \x01(\x08\x12\x0c\n\x04note\x18\x07 \x01(\t\x12\x1d\n\x15measured_slo_reported\x18\x08 \x01(\x08\x12\x1f\n\x17measured_slo_attainment\x18\t \x01(\x01\x12 \n\x18predicted_slo_attainment\x18\n \x01(\x01\x12\x1d\n\x15slo_attainment_target\x18\x0b \x01(\x01\"%\n\x14GetTrafficMixRequest\x12\r\n\x05model\x18\x01 \x01(\t\"5\n\x0bLengthStats\x12\x0c\n\x04mean\x18\x01 \x01(\x01\x12\x0b\n\x03p50\x18\x02 \x01(\x01\x12\x0b\n\x03p90\x18\x03 \x01(\x01\"\xf7\x01\n\x0cModelTraffic\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1a\n\x12\x61rrival_rate_per_s\x18\x02 \x01(\x01\x12\x31\n\rprompt_tokens\x18\x03 \x01(\x0b\x32\x1a.fleetshift.v1.LengthStats\x12\x31\n\routput_tokens\x18\x04 \x01(\x0b\x32\x1a.fleetshift.v1.LengthStats\x12\x1c\n\x14prefill_decode_ratio\x18\x05 \x01(\x01\x12\x1a\n\x12requests_in_window\x18\x06 \x01(\x04\x12\x1c\n\x14\x65stimator_mae_tokens\x18\x07 \x01(\x01\"K\n\nTrafficMix\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.fleetshift.v1.ModelTraffic\x12\x10\n\x08window_s\x18\x02 \x01(\x01\"\x16\n\x14PlanRebalanceRequest\"\xda\x01\n\rPlannedWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\'\n\x04role\x18\x03 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x10\n\x08gpu_kind\x18\x04 \x01(\t\x12\x17\n\x0ftensor_parallel\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x11\n\tnode_name\x18\x07 \x01(\t\x12\x0f\n\x06\x65ngine\x18\xde\x02 \x01(\t\x12 \n\x17tensor_parallel_nominal\x18\xdf\x02 \x01(\x08\"\xc9\x02\n\x0bPlannedMove\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.fleetshift.v1.MoveKind\x12\r\n\x05model\x18\x02 \x01(\t\x12,\n\x06source\x18\x03 \x01(\x0b\x32\x1c.fleetshift.v1.PlannedWorker\x12,\n\x06target\x18\x04 \x01(\x0b\x32\x1c.fleetshift.v1.PlannedWorker\x12\x15\n\rbytes_to_move\x18\x05 \x01(\x04\x12\x12\n\nduration_s\x18\x06 \x01(\x01\x12\x18\n\x10\x65xpected_pause_s\x18\x07 \x01(\x01\x12\x19\n\x11sessions_affected\x18\x08 \x01(\r\x12#\n\x1bpredicted_gain_tokens_per_s\x18\t \x01(\x01\x12\x13\n\x0b\x63ost_tokens\x18\n \x01(\x01\x12\x0e\n\x06reason\x18\x0b \x01(\t\"\x9b\x02\n\x04Plan\x12)\n\x05moves\x18\x01 \x03(\x0b\x32\x1a.fleetshift.v1.PlannedMove\x12\x19\n\x11\x65\x66\x66iciency_before\x18\x02 \x01(\x01\x12#\n\x1bgoodput_before_tokens_per_s\x18\x03 \x01(\x01\x12\"\n\x1agoodput_after_tokens_per_s\x18\x04 \x01(\x01\x12\x15\n\rbytes_to_move\x18\x05 \x01(\x04\x12\x10\n\x08pays_off\x18\x06 \x01(\x08\x12\x15\n\rsolver_status\x18\x07 \x01(\t\x12\x0f\n\x07solve_s\x18\x08 \x01(\x01\x12\x33\n\x0bpredictions\x18\t \x03(\x0b\x32\x1e.fleetshift.v1.PredictionBasis\"6\n\x12ListWorkersRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\"C\n\x13ListWorkersResponse\x12,\n\x07workers\x18\x01 \x03(\x0b\x32\x1b.fleetshift.v1.WorkerStatus*\x9a\x01\n\x08MoveKind\x12\x19\n\x15MOVE_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15MOVE_KIND_ROLE_CHANGE\x10\x01\x12\x15\n\x11MOVE_KIND_MIGRATE\x10\x02\x12\x18\n\x14MOVE_KIND_COLD_START\x10\x03\x12\x13\n\x0fMOVE_KIND_START\x10\x04\x12\x12\n\x0eMOVE_KIND_STOP\x10\x05\x32\xff\x01\n\tPlacement\x12\x42\n\x05Route\x12\x1b.fleetshift.v1.RouteRequest\x1a\x1c.fleetshift.v1.RouteResponse\x12X\n\x0bRouteStream\x12!.fleetshift.v1.RouteStreamRequest\x1a\".fleetshift.v1.RouteStreamResponse(\x01\x30\x01\x12T\n\x0bPlaceWorker\x12!.fleetshift.v1.PlaceWorkerRequest\x1a\".fleetshift.v1.PlaceWorkerResponse2\xd3\x02\n\x08Planning\x12U\n\rGetEfficiency\x12#.fleetshift.v1.GetEfficiencyRequest\x1a\x1f.fleetshift.v1.EfficiencyReport\x12O\n\rGetTrafficMix\x12#.fleetshift.v1.GetTrafficMixRequest\x1a\x19.fleetshift.v1.TrafficMix\x12I\n\rPlanRebalance\x12#.fleetshift.v1.PlanRebalanceRequest\x1a\x13.fleetshift.v1.Plan\x12T\n\x0bListWorkers\x12!.fleetshift.v1.ListWorkersRequest\x1a\".fleetshift.v1.ListWorkersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fleetshift.v1.placement_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MOVEKIND']._serialized_start=3149
-  _globals['_MOVEKIND']._serialized_end=3303
+  _globals['_MOVEKIND']._serialized_start=3575
+  _globals['_MOVEKIND']._serialized_end=3729
   _globals['_SLO']._serialized_start=108
   _globals['_SLO']._serialized_end=146
   _globals['_ROUTEREQUEST']._serialized_start=149
@@ -43,40 +43,50 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCORETERMS']._serialized_end=532
   _globals['_ROUTERESPONSE']._serialized_start=535
   _globals['_ROUTERESPONSE']._serialized_end=764
-  _globals['_PLACEWORKERREQUEST']._serialized_start=767
-  _globals['_PLACEWORKERREQUEST']._serialized_end=908
-  _globals['_PLACEWORKERRESPONSE']._serialized_start=910
-  _globals['_PLACEWORKERRESPONSE']._serialized_end=1031
-  _globals['_GETEFFICIENCYREQUEST']._serialized_start=1033
-  _globals['_GETEFFICIENCYREQUEST']._serialized_end=1072
-  _globals['_EFFICIENCYSAMPLE']._serialized_start=1075
-  _globals['_EFFICIENCYSAMPLE']._serialized_end=1255
-  _globals['_PREDICTIONBASIS']._serialized_start=1257
-  _globals['_PREDICTIONBASIS']._serialized_end=1346
-  _globals['_EFFICIENCYREPORT']._serialized_start=1349
-  _globals['_EFFICIENCYREPORT']._serialized_end=1737
-  _globals['_GETTRAFFICMIXREQUEST']._serialized_start=1739
-  _globals['_GETTRAFFICMIXREQUEST']._serialized_end=1776
-  _globals['_LENGTHSTATS']._serialized_start=1778
-  _globals['_LENGTHSTATS']._serialized_end=1831
-  _globals['_MODELTRAFFIC']._serialized_start=1834
-  _globals['_MODELTRAFFIC']._serialized_end=2081
-  _globals['_TRAFFICMIX']._serialized_start=2083
-  _globals['_TRAFFICMIX']._serialized_end=2158
-  _globals['_PLANREBALANCEREQUEST']._serialized_start=2160
-  _globals['_PLANREBALANCEREQUEST']._serialized_end=2182
-  _globals['_PLANNEDWORKER']._serialized_start=2185
-  _globals['_PLANNEDWORKER']._serialized_end=2403
-  _globals['_PLANNEDMOVE']._serialized_start=2406
-  _globals['_PLANNEDMOVE']._serialized_end=2735
-  _globals['_PLAN']._serialized_start=2738
-  _globals['_PLAN']._serialized_end=3021
-  _globals['_LISTWORKERSREQUEST']._serialized_start=3023
-  _globals['_LISTWORKERSREQUEST']._serialized_end=3077
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=3079
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=3146
-  _globals['_PLACEMENT']._serialized_start=3306
-  _globals['_PLACEMENT']._serialized_end=3471
-  _globals['_PLANNING']._serialized_start=3474
-  _globals['_PLANNING']._serialized_end=3813
+  _globals['_ROUTESTREAMITEM']._serialized_start=766
+  _globals['_ROUTESTREAMITEM']._serialized_end=841
+  _globals['_ROUTESTREAMREQUEST']._serialized_start=843
+  _globals['_ROUTESTREAMREQUEST']._serialized_end=914
+  _globals['_ROUTEERROR']._serialized_start=916
+  _globals['_ROUTEERROR']._serialized_end=977
+  _globals['_ROUTESTREAMANSWER']._serialized_start=980
+  _globals['_ROUTESTREAMANSWER']._serialized_end=1115
+  _globals['_ROUTESTREAMRESPONSE']._serialized_start=1117
+  _globals['_ROUTESTREAMRESPONSE']._serialized_end=1190
+  _globals['_PLACEWORKERREQUEST']._serialized_start=1193
+  _globals['_PLACEWORKERREQUEST']._serialized_end=1334
+  _globals['_PLACEWORKERRESPONSE']._serialized_start=1336
+  _globals['_PLACEWORKERRESPONSE']._serialized_end=1457
+  _globals['_GETEFFICIENCYREQUEST']._serialized_start=1459
+  _globals['_GETEFFICIENCYREQUEST']._serialized_end=1498
+  _globals['_EFFICIENCYSAMPLE']._serialized_start=1501
+  _globals['_EFFICIENCYSAMPLE']._serialized_end=1681
+  _globals['_PREDICTIONBASIS']._serialized_start=1683
+  _globals['_PREDICTIONBASIS']._serialized_end=1772
+  _globals['_EFFICIENCYREPORT']._serialized_start=1775
+  _globals['_EFFICIENCYREPORT']._serialized_end=2163
+  _globals['_GETTRAFFICMIXREQUEST']._serialized_start=2165
+  _globals['_GETTRAFFICMIXREQUEST']._serialized_end=2202
+  _globals['_LENGTHSTATS']._serialized_start=2204
+  _globals['_LENGTHSTATS']._serialized_end=2257
+  _globals['_MODELTRAFFIC']._serialized_start=2260
+  _globals['_MODELTRAFFIC']._serialized_end=2507
+  _globals['_TRAFFICMIX']._serialized_start=2509
+  _globals['_TRAFFICMIX']._serialized_end=2584
+  _globals['_PLANREBALANCEREQUEST']._serialized_start=2586
+  _globals['_PLANREBALANCEREQUEST']._serialized_end=2608
+  _globals['_PLANNEDWORKER']._serialized_start=2611
+  _globals['_PLANNEDWORKER']._serialized_end=2829
+  _globals['_PLANNEDMOVE']._serialized_start=2832
+  _globals['_PLANNEDMOVE']._serialized_end=3161
+  _globals['_PLAN']._serialized_start=3164
+  _globals['_PLAN']._serialized_end=3447
+  _globals['_LISTWORKERSREQUEST']._serialized_start=3449
+  _globals['_LISTWORKERSREQUEST']._serialized_end=3503
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=3505
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=3572
+  _globals['_PLACEMENT']._serialized_start=3732
+  _globals['_PLACEMENT']._serialized_end=3987
+  _globals['_PLANNING']._serialized_start=3990
+  _globals['_PLANNING']._serialized_end=4329
 # @@protoc_insertion_point(module_scope)

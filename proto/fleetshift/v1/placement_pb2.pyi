@@ -94,6 +94,46 @@ class RouteResponse(_message.Message):
     output_estimated: bool
     def __init__(self, worker_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., node_name: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., decode_endpoint: _Optional[str] = ..., reason: _Optional[str] = ..., terms: _Optional[_Union[ScoreTerms, _Mapping]] = ..., output_tokens: _Optional[float] = ..., output_estimated: _Optional[bool] = ...) -> None: ...
 
+class RouteStreamItem(_message.Message):
+    __slots__ = ("id", "route")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    route: RouteRequest
+    def __init__(self, id: _Optional[int] = ..., route: _Optional[_Union[RouteRequest, _Mapping]] = ...) -> None: ...
+
+class RouteStreamRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[RouteStreamItem]
+    def __init__(self, requests: _Optional[_Iterable[_Union[RouteStreamItem, _Mapping]]] = ...) -> None: ...
+
+class RouteError(_message.Message):
+    __slots__ = ("code", "message", "field")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    field: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., field: _Optional[str] = ...) -> None: ...
+
+class RouteStreamAnswer(_message.Message):
+    __slots__ = ("id", "route", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    route: RouteResponse
+    error: RouteError
+    def __init__(self, id: _Optional[int] = ..., route: _Optional[_Union[RouteResponse, _Mapping]] = ..., error: _Optional[_Union[RouteError, _Mapping]] = ...) -> None: ...
+
+class RouteStreamResponse(_message.Message):
+    __slots__ = ("answers",)
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[RouteStreamAnswer]
+    def __init__(self, answers: _Optional[_Iterable[_Union[RouteStreamAnswer, _Mapping]]] = ...) -> None: ...
+
 class PlaceWorkerRequest(_message.Message):
     __slots__ = ("model", "role", "tensor_parallel", "dtype", "prefer_gpu_kind")
     MODEL_FIELD_NUMBER: _ClassVar[int]

@@ -40,6 +40,11 @@ class PlacementStub:
                 request_serializer=fleetshift_dot_v1_dot_placement__pb2.RouteRequest.SerializeToString,
                 response_deserializer=fleetshift_dot_v1_dot_placement__pb2.RouteResponse.FromString,
                 _registered_method=True)
+        self.RouteStream = channel.stream_stream(
+                '/fleetshift.v1.Placement/RouteStream',
+                request_serializer=fleetshift_dot_v1_dot_placement__pb2.RouteStreamRequest.SerializeToString,
+                response_deserializer=fleetshift_dot_v1_dot_placement__pb2.RouteStreamResponse.FromString,
+                _registered_method=True)
         self.PlaceWorker = channel.unary_unary(
                 '/fleetshift.v1.Placement/PlaceWorker',
                 request_serializer=fleetshift_dot_v1_dot_placement__pb2.PlaceWorkerRequest.SerializeToString,
@@ -57,6 +62,16 @@ class PlacementServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RouteStream(self, request_iterator, context):
+        """Many Route calls on one stream (routers): each message carries a batch of requests and is
+        answered by one message with an answer per request (matched by id), each equal to what
+        Route answers; a refused request gets a RouteError and the stream goes on. Saves gRPC's
+        per-call and per-message cost, which dominates Route's own.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PlaceWorker(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -70,6 +85,11 @@ def add_PlacementServicer_to_server(servicer, server):
                     servicer.Route,
                     request_deserializer=fleetshift_dot_v1_dot_placement__pb2.RouteRequest.FromString,
                     response_serializer=fleetshift_dot_v1_dot_placement__pb2.RouteResponse.SerializeToString,
+            ),
+            'RouteStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.RouteStream,
+                    request_deserializer=fleetshift_dot_v1_dot_placement__pb2.RouteStreamRequest.FromString,
+                    response_serializer=fleetshift_dot_v1_dot_placement__pb2.RouteStreamResponse.SerializeToString,
             ),
             'PlaceWorker': grpc.unary_unary_rpc_method_handler(
                     servicer.PlaceWorker,
@@ -105,6 +125,33 @@ class Placement:
             '/fleetshift.v1.Placement/Route',
             fleetshift_dot_v1_dot_placement__pb2.RouteRequest.SerializeToString,
             fleetshift_dot_v1_dot_placement__pb2.RouteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RouteStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fleetshift.v1.Placement/RouteStream',
+            fleetshift_dot_v1_dot_placement__pb2.RouteStreamRequest.SerializeToString,
+            fleetshift_dot_v1_dot_placement__pb2.RouteStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

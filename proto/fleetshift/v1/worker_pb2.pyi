@@ -18,7 +18,7 @@ class WorkerSampling(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt_tokens", "max_new_tokens", "sampling", "session_id", "stop_token_ids", "resume_session_id", "resume_from_token")
+    __slots__ = ("prompt_tokens", "max_new_tokens", "sampling", "session_id", "stop_token_ids", "resume_session_id", "resume_from_token", "hold_after_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class GenerateRequest(_message.Message):
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RESUME_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_FROM_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HOLD_AFTER_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
     sampling: WorkerSampling
@@ -33,7 +34,8 @@ class GenerateRequest(_message.Message):
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     resume_session_id: str
     resume_from_token: int
-    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[WorkerSampling, _Mapping]] = ..., session_id: _Optional[str] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., resume_session_id: _Optional[str] = ..., resume_from_token: _Optional[int] = ...) -> None: ...
+    hold_after_tokens: int
+    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[WorkerSampling, _Mapping]] = ..., session_id: _Optional[str] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., resume_session_id: _Optional[str] = ..., resume_from_token: _Optional[int] = ..., hold_after_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("session_id", "token", "index", "finished", "finish_reason")
@@ -212,7 +214,7 @@ class WorkerCompatKey(_message.Message):
     def __init__(self, gpu_product: _Optional[str] = ..., gpu_count: _Optional[int] = ..., compute_capability: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., engine_name: _Optional[str] = ..., engine_version: _Optional[str] = ..., model_id: _Optional[str] = ..., weights_digest: _Optional[str] = ..., dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., tensor_parallel: _Optional[int] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "role", "model_id", "compat_key", "kv_block_size", "kv_blocks_total", "max_running", "compiled", "paused", "restored_from", "session_ids", "staged_session_ids", "draining", "role_epoch")
+    __slots__ = ("worker_id", "role", "model_id", "compat_key", "kv_block_size", "kv_blocks_total", "max_running", "compiled", "paused", "restored_from", "session_ids", "staged_session_ids", "draining", "role_epoch", "unread_session_ids")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +229,7 @@ class WorkerInfo(_message.Message):
     STAGED_SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     ROLE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    UNREAD_SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: _fleet_pb2.WorkerRole
     model_id: str
@@ -241,7 +244,8 @@ class WorkerInfo(_message.Message):
     staged_session_ids: _containers.RepeatedScalarFieldContainer[str]
     draining: bool
     role_epoch: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ..., model_id: _Optional[str] = ..., compat_key: _Optional[_Union[WorkerCompatKey, _Mapping]] = ..., kv_block_size: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., max_running: _Optional[int] = ..., compiled: _Optional[bool] = ..., paused: _Optional[bool] = ..., restored_from: _Optional[str] = ..., session_ids: _Optional[_Iterable[str]] = ..., staged_session_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., role_epoch: _Optional[int] = ...) -> None: ...
+    unread_session_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ..., model_id: _Optional[str] = ..., compat_key: _Optional[_Union[WorkerCompatKey, _Mapping]] = ..., kv_block_size: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., max_running: _Optional[int] = ..., compiled: _Optional[bool] = ..., paused: _Optional[bool] = ..., restored_from: _Optional[str] = ..., session_ids: _Optional[_Iterable[str]] = ..., staged_session_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., role_epoch: _Optional[int] = ..., unread_session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SetWorkerRoleRequest(_message.Message):
     __slots__ = ("role",)
