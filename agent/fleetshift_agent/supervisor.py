@@ -103,6 +103,7 @@ class WorkerLive:
 
     counters: pb.WorkerCounters | None = None
     sessions: tuple[str, ...] = ()
+    unread: tuple[str, ...] = ()  # finished, no client has read them (yet)
     role: int = 0  # the worker's own answer (SetRole may have changed it)
     role_epoch: int = 0  # and how many role changes that answer had seen
 
@@ -277,26 +278,13 @@ class Supervisor:
         if launch.engine == "vllm":
             return self._vllm_args(launch, port_file)
         s = self.settings
-        args = [
-            sys.executable, "-m", "fleetshift_agent.worker",
-            "--listen", join_host_port(s.host, 0),
-            "--port-file", str(port_file),
-            "--node-name", s.node_name,
-            "--worker-id", launch.worker_id,
-            "--role", launch.role,
-            "--model-id", launch.model,
-            "--compile" if s.compile else "--no-compile",
-        ]  # fmt: skip
+        args = self._common_args("fleetshift_agent.worker", launch, port_file)
+        args += ["--node-name", s.node_name, "--compile" if s.compile else "--no-compile"]
         if launch.restore_from:
             args += ["--restore-from", launch.restore_from, "--no-restore-sessions"]
             args += ["--compile-artifacts" if s.compile_artifacts else "--no-compile-artifacts"]
         else:
             args += ["--model-dir", launch.model_dir]
-        declared = s.declared_products.get(launch.gpu_indices[0], "")
-        if declared:
-            args += ["--declared-gpu", declared]
-        if s.threads:
-            args += ["--threads", str(s.threads)]
         if s.cuda:
             args += ["--device", "cuda"]
         if s.tls is not None:
@@ -308,26 +296,35 @@ class Supervisor:
     def _vllm_args(self, launch: WorkerLaunch, port_file: Path) -> list[str]:
         """The vLLM shim (fleetshift_agent.vllm_worker), which starts vLLM's server beside it."""
         s = self.settings
-        args = [
-            sys.executable, "-m", "fleetshift_agent.vllm_worker",
-            "--listen", join_host_port(s.host, 0),
-            "--port-file", str(port_file),
-            "--worker-id", launch.worker_id,
-            "--role", launch.role,
-            "--model-id", launch.model,
+        args = self._common_args("fleetshift_agent.vllm_worker", launch, port_file)
+        args += [
             "--model-dir", launch.model_dir,
             "--engine-args", launch.engine_args_json,
             "--vllm-python", s.vllm_python or sys.executable,
             "--tp", str(launch.tp),
             "--start-timeout-s", str(s.start_timeout_s),
         ]  # fmt: skip
+        if s.cuda:
+            args.append("--cuda")
+        return args
+
+    def _common_args(self, module: str, launch: WorkerLaunch, port_file: Path) -> list[str]:
+        """What every engine's worker process is told: where to listen and report its port,
+        who it is, and the node's placement facts (a declared GPU, its thread budget)."""
+        s = self.settings
+        args = [
+            sys.executable, "-m", module,
+            "--listen", join_host_port(s.host, 0),
+            "--port-file", str(port_file),
+            "--worker-id", launch.worker_id,
+            "--role", launch.role,
+            "--model-id", launch.model,
+        ]  # fmt: skip
         declared = s.declared_products.get(launch.gpu_indices[0], "")
         if declared:
             args += ["--declared-gpu", declared]
         if s.threads:
             args += ["--threads", str(s.threads)]
-        if s.cuda:
-            args.append("--cuda")
         return args
 
     def _spawn(self, launch: WorkerLaunch, port_file: Path) -> subprocess.Popen[bytes]:
@@ -457,6 +454,7 @@ class Supervisor:
             )
             return
         live.counters, live.sessions = counters, tuple(info.session_ids)
+        live.unread = tuple(info.unread_session_ids)
         live.role, live.role_epoch = info.role, info.role_epoch
 
     def _dead(self, worker: WorkerProcess) -> bool:
@@ -480,6 +478,7 @@ class Supervisor:
             state=STATES[worker.state],  # type: ignore[arg-type]
             origin_snapshot=launch.origin_snapshot,
             session_ids=list(live.sessions) if worker.state == SERVING else [],
+            unread_session_ids=list(live.unread) if worker.state == SERVING else [],
         )
         if live.counters is not None and worker.state == SERVING:
             out.counters.CopyFrom(live.counters)

@@ -15,22 +15,25 @@ import asyncio
 import importlib.metadata
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from fleetshift.v1 import worker_pb2
 from fleetshift_agent.vllm_worker.client import VllmClient
-from fleetshift_agent.vllm_worker.server import ServerSpec, VllmServer
+from fleetshift_agent.vllm_worker.kv import DISK_CONNECTORS
+from fleetshift_agent.vllm_worker.server import ServerSpec, VllmServer, write_plugins
 from fleetshift_agent.vllm_worker.service import (
     ROLES,
     VllmIdentity,
     VllmWorkerServicer,
-    binding,
     check_role,
 )
+from fleetshift_agent.worker.session_core import binding
 from fleetshift_common.config import EngineArgs
 from fleetshift_common.lifecycle import stop_event, write_port_file
 from fleetshift_rpc.server import start_server
@@ -118,6 +121,8 @@ async def serve(args: argparse.Namespace) -> None:
     engine = EngineArgs.from_json(args.engine_args)
     check_role(args.role, engine.kv_role if engine.kv_connector else "")
     model_id = args.model_id or Path(args.model_dir).name
+    plugins = tempfile.mkdtemp(prefix="fleetshift-vllm-")
+    write_plugins(plugins)
     spec = ServerSpec(
         python=args.vllm_python,
         model_dir=str(args.model_dir),
@@ -126,6 +131,7 @@ async def serve(args: argparse.Namespace) -> None:
         tp=args.tp,
         threads=args.threads,
         cuda=args.cuda,
+        plugin_dir=plugins,
     )
     server = VllmServer(spec)
     server.start()
@@ -138,8 +144,12 @@ async def serve(args: argparse.Namespace) -> None:
             model_id=model_id,
             compat_key=compat_key(args, engine, version),
             kv_role=engine.kv_role if engine.kv_connector else "",
+            kv_connector=engine.kv_connector,
+            kv_store=engine.kv_connector_path if engine.kv_connector in DISK_CONNECTORS else "",
+            kv_store_ttl_s=engine.kv_store_ttl_s,
         )
         servicer = VllmWorkerServicer(client, identity, args.role)
+        sweeper = asyncio.create_task(servicer.sweep_store_forever()) if identity.kv_store else None
         grpc_server = await start_server(
             args.listen, [binding(servicer)], args.max_message_mb << 20
         )
@@ -152,11 +162,14 @@ async def serve(args: argparse.Namespace) -> None:
         )  # fmt: skip
         stop = stop_event()
         await stop.wait()
+        if sweeper is not None:
+            sweeper.cancel()
         await servicer.close()
         await grpc_server.server.stop(grace=2.0)
     finally:
         await client.close()
         await asyncio.to_thread(server.stop)
+        shutil.rmtree(plugins, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,9 +30,12 @@ class Completion:
     seed: int
     stop_token_ids: tuple[int, ...] = ()
     request_id: str = ""
+    # vLLM's per-request KV-transfer parameters: FleetShift's connector stores or loads a
+    # session's KV only for a request that names an export here (kv_store).
+    kv_transfer_params: dict[str, str] | None = None
 
     def body(self, model: str) -> dict[str, object]:
-        return {
+        body: dict[str, object] = {
             "model": model,
             "prompt": list(self.prompt),
             "max_tokens": self.max_tokens,
@@ -45,6 +48,9 @@ class Completion:
             "return_token_ids": True,
             "stream": True,
         }
+        if self.kv_transfer_params:
+            body["kv_transfer_params"] = dict(self.kv_transfer_params)
+        return body
 
 
 @dataclass(frozen=True)

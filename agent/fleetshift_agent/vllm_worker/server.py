@@ -28,6 +28,120 @@ from dataclasses import dataclass
 
 from fleetshift_common.config import EngineArgs
 
+DISK_CONNECTOR = "FleetShiftDiskConnector"
+DISK_CONNECTOR_MODULE = "fleetshift_vllm_disk"
+# vLLM's ExampleConnector, changed in two ways. (1) Its lookup and its load use the same
+# tokens: upstream looks a prompt of L tokens up by its first (L-2)//B*B tokens but loads
+# (L-1)//B*B of them, so a prompt of 1 + k*B tokens whose one-block-shorter prefix was
+# stored makes the engine load a file that does not exist, and the engine core dies; moves
+# start requests of any length, so both sides here use (L-1)//B*B. (2) It stores and loads
+# only for a request that names an export in vLLM's kv_transfer_params
+# ({"fleetshift_kv": "store" | "load", "fleetshift_kv_id": <32 hex>}), in a folder named by
+# that id and the tokens (kv_store.FOLDER): upstream stores every request's prompt (the
+# store grows with all traffic) and lets any request with the same prefix load it, so no
+# folder could ever be deleted safely. Here each folder is single-use: written by one export,
+# read by the one import that names it, then deleted (kv_store). The id rides through vLLM's
+# metadata as a "multimodal hash", which upstream already threads from the scheduler to the
+# workers and into the folder's key. It runs inside vLLM's interpreter (no FleetShift there):
+# the shim writes it beside the server and puts it on the server's PYTHONPATH.
+DISK_CONNECTOR_SOURCE = """
+import hashlib
+import os
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (
+    ExampleConnector,
+    ExampleConnectorMetadata,
+    align_to_block_size,
+)
+
+MARK = "fleetshift-kv:"
+
+
+def _asked(request):
+    params = getattr(request, "kv_transfer_params", None) or {}
+    export_id = str(params.get("fleetshift_kv_id", ""))
+    what = str(params.get("fleetshift_kv", ""))
+    if len(export_id) != 32 or any(c not in "0123456789abcdef" for c in export_id):
+        return "", ""
+    return what, export_id
+
+
+class FleetShiftDiskConnector(ExampleConnector):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._fs_store = {}  # request id -> export id: store its prompt's KV
+        self._fs_load = {}  # request id -> export id: load its prompt's KV
+
+    def _generate_foldername_debug(self, token_ids, mm_hashes, create_folder=False):
+        marks = [h for h in mm_hashes or [] if h.startswith(MARK)]
+        if not marks:
+            return super()._generate_foldername_debug(token_ids, mm_hashes, create_folder)
+        ids = ",".join(str(int(t)) for t in token_ids.tolist())
+        digest = hashlib.sha256(ids.encode()).hexdigest()[:32]
+        folder = os.path.join(self._storage_path, "fs-" + marks[0][len(MARK):] + "-" + digest)
+        if create_folder:
+            os.makedirs(folder, exist_ok=True)
+        return folder
+
+    def _found_match_for_prompt(self, prompt_token_ids, mm_hashes):
+        n = align_to_block_size(len(prompt_token_ids), self._block_size)
+        folder = self._generate_foldername_debug(
+            torch.tensor(prompt_token_ids)[:n], mm_hashes, create_folder=False
+        )
+        return n > 0 and os.path.exists(folder)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        what, export_id = _asked(request)
+        tokens = list(request.prompt_token_ids or [])
+        if what != "load" or not self._found_match_for_prompt(tokens, [MARK + export_id]):
+            return 0, False
+        n = align_to_block_size(len(tokens), self._block_size)
+        return max(0, n - num_computed_tokens), False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        what, export_id = _asked(request)
+        if what == "store":
+            self._fs_store[request.request_id] = export_id
+        if what == "load" and num_external_tokens > 0:
+            self._fs_load[request.request_id] = export_id
+            self._requests_need_load[request.request_id] = request
+
+    def build_connector_meta(self, scheduler_output):
+        meta = ExampleConnectorMetadata()
+        for new_req in scheduler_output.scheduled_new_reqs:
+            rid = new_req.req_id
+            store = rid not in self._requests_need_load and rid in self._fs_store
+            export_id = self._fs_store.pop(rid, "") if store else self._fs_load.get(rid, "")
+            if store or rid in self._requests_need_load:
+                meta.add_request(
+                    token_ids=new_req.prompt_token_ids or [],
+                    block_ids=new_req.block_ids[0],
+                    block_size=self._block_size,
+                    is_store=store,
+                    mm_hashes=[MARK + export_id],
+                )
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):  # resumed after a preemption: load again
+            if rid not in self._requests_need_load or rid not in cached.resumed_req_ids:
+                continue
+            request = self._requests_need_load[rid]
+            total = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens[rid]
+            meta.add_request(
+                token_ids=request.all_token_ids[:total],
+                block_ids=cached.new_block_ids[i][0],
+                block_size=self._block_size,
+                is_store=False,
+                mm_hashes=[MARK + self._fs_load.get(rid, "")],
+            )
+        self._requests_need_load.clear()
+        return meta
+
+    def request_finished(self, request, block_ids):
+        self._fs_store.pop(request.request_id, None)
+        self._fs_load.pop(request.request_id, None)
+        return super().request_finished(request, block_ids)
+"""
 _ERROR_LINE = re.compile(r"([A-Za-z_][\w.]*(?:Error|Exception)\b.*|.*\berror: .*)")
 PR_SET_PDEATHSIG = 1
 
@@ -45,6 +159,7 @@ class ServerSpec:
     tp: int = 1
     threads: int = 0  # CPU threads for vLLM's OpenMP; 0: vLLM's own choice
     cuda: bool = False  # on a GPU node (else vLLM's CPU build: KV size by env)
+    plugin_dir: str = ""  # where the shim wrote FleetShift's connector for vLLM to import
 
 
 def server_command(spec: ServerSpec, port: int) -> list[str]:
@@ -77,6 +192,8 @@ def kv_transfer_config(a: EngineArgs, cuda: bool = False) -> str:
     config: dict[str, object] = {"kv_connector": a.kv_connector, "kv_role": a.kv_role}
     if a.kv_connector_path:
         config["kv_connector_extra_config"] = {"shared_storage_path": a.kv_connector_path}
+    if a.kv_connector == DISK_CONNECTOR:
+        config["kv_connector_module_path"] = DISK_CONNECTOR_MODULE
     if a.kv_connector == "NixlConnector":
         config["kv_buffer_device"] = "cuda" if cuda else "cpu"
     return json.dumps(config)
@@ -98,7 +215,16 @@ def server_env(spec: ServerSpec, base: Mapping[str, str]) -> dict[str, str]:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         if spec.threads:
             env["OMP_NUM_THREADS"] = str(spec.threads)
+    if spec.plugin_dir:
+        paths = (spec.plugin_dir, base.get("PYTHONPATH", ""))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     return env
+
+
+def write_plugins(folder: str) -> None:
+    """Write FleetShift's connector module where vLLM's interpreter will import it."""
+    with open(os.path.join(folder, DISK_CONNECTOR_MODULE + ".py"), "w", encoding="utf-8") as out:
+        out.write(DISK_CONNECTOR_SOURCE)
 
 
 def free_port() -> int:

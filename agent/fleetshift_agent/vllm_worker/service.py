@@ -4,7 +4,8 @@ The daemon, the router, the gateway and the executor speak to a vLLM worker exac
 reference worker. Each session is one streaming vLLM request whose tokens feed a ``Feed``
 (the reference worker's), so clients attach and re-attach at any token index with the same
 semantics. What vLLM cannot do here is refused by name: snapshots (no checkpoint/restore on
-this host), a role its KV-transfer role excludes, KV carried inside a session blob.
+this host) and a role its KV-transfer role excludes. A session's KV moves through vLLM's disk
+connector where the worker has one and the compatibility key agrees (``kv``).
 """
 
 from __future__ import annotations
@@ -15,18 +16,27 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import grpc
 
-from fleetshift.v1 import fleet_pb2, worker_pb2, worker_pb2_grpc
+from fleetshift.v1 import worker_pb2
 from fleetshift_agent.engine import TokenEvent
+from fleetshift_agent.vllm_worker import kv_store
 from fleetshift_agent.vllm_worker.client import VllmClient
+from fleetshift_agent.vllm_worker.kv import (
+    carried_tokens,
+    key_fields,
+    kv_refusal,
+    restored_note,
+)
 from fleetshift_agent.vllm_worker.metrics import LatencyWindow, VllmStats, p50_p99_ms, parse_metrics
-from fleetshift_agent.vllm_worker.sessions import Carried, SessionSpec
-from fleetshift_agent.wire import ROLE_BY_NAME, ROLE_NAME_BY_PB
-from fleetshift_agent.worker.feeds import Feed, Feeds, stream
+from fleetshift_agent.vllm_worker.sessions import Carried, KvRef, SessionSpec
+from fleetshift_agent.wire import ROLE_BY_NAME
+from fleetshift_agent.worker.feeds import Feed, Feeds
+from fleetshift_agent.worker.session_core import Counters, SessionServicer
 from fleetshift_common.errors import (
     FailedPrecondition,
     FleetShiftError,
@@ -34,10 +44,14 @@ from fleetshift_common.errors import (
     NotFound,
     Unavailable,
 )
-from fleetshift_rpc.errors import rpc_errors, status_for
-from fleetshift_rpc.server import ServiceBinding
+from fleetshift_rpc.errors import rpc_errors
 
 log = logging.getLogger("fleetshift.vllm_worker")
+
+# A session held for a hand-over (hold_after_tokens) runs on by itself after this long without
+# an export: its client's export follows its first token by milliseconds, and a client that
+# went away ends the session anyway; this only bounds a client that never asks.
+HAND_OVER_WAIT_S = 10.0
 
 ROLES = ROLE_BY_NAME
 # What vLLM's KV-transfer role (fixed when the server starts) lets a worker be.
@@ -46,10 +60,6 @@ ROLES_BY_KV_ROLE = {
     "kv_producer": ("prefill",),
     "kv_consumer": ("decode",),
 }
-KV_NOTE = (
-    "KV recomputed: a vLLM worker carries a session as its token history (vLLM's prefix "
-    "cache reuses what it holds)"
-)
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,9 @@ class VllmIdentity:
     model_id: str
     compat_key: worker_pb2.WorkerCompatKey
     kv_role: str = ""  # the connector's, when one is configured
+    kv_connector: str = ""
+    kv_store: str = ""  # the disk connector's directory: sessions' KV travels through it
+    kv_store_ttl_s: float = 600.0  # an export nobody imported is deleted after this
 
 
 @dataclass
@@ -71,99 +84,111 @@ class VllmState:
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     specs: dict[str, SessionSpec] = field(default_factory=dict)
     staged: dict[str, Carried] = field(default_factory=dict)
+    held: set[str] = field(default_factory=set)  # live sessions without a vLLM request
+    kv_load: dict[str, str] = field(default_factory=dict)  # session -> export its KV is in
 
 
-class VllmWorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
+class VllmWorkerServicer(SessionServicer[VllmState]):
     def __init__(
         self,
         client: VllmClient,
         identity: VllmIdentity,
         role: str,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
         self.identity = identity
         self.state = VllmState(role=ROLES[role])
         self.feeds = Feeds()
         self.clock = clock
+        self.wall = wall  # the store's files carry wall-clock times
         self.latency = LatencyWindow()
         self._last = VllmStats()
+        self._hand_overs: set[asyncio.Future[None]] = set()  # held sessions' resume timers
 
     # ---- clients ------------------------------------------------------------------------
 
-    async def Generate(
-        self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        try:
-            feed, start = await self._open_stream(request)
-        except FleetShiftError as err:
-            await context.abort(status_for(err), err.message)
-            return
-        try:
-            async for msg in stream(feed, start):
-                yield msg
-        except asyncio.CancelledError:
-            if not feed.done:  # the client went away: so does its session
-                self._end(feed.session_id, "cancelled")
-            raise
-        if feed.closed:
-            await context.abort(
-                grpc.StatusCode.ABORTED,
-                f"session {feed.session_id!r} left this worker ({feed.closed}) after "
-                f"{len(feed.tokens)} tokens",
-            )
+    @property
+    def worker_id(self) -> str:
+        return self.identity.worker_id
 
-    async def _open_stream(self, request: worker_pb2.GenerateRequest) -> tuple[Feed, int]:
-        if request.resume_session_id:
-            for name in ("prompt_tokens", "stop_token_ids"):
-                if len(getattr(request, name)):
-                    raise InvalidArgument(
-                        f"{name} must be empty with resume_session_id", field=name
-                    )
-            return self.feeds.get(request.resume_session_id, "resume_session_id"), (
-                request.resume_from_token
-            )
-        if request.resume_from_token:
-            raise InvalidArgument(
-                "resume_from_token needs resume_session_id", field="resume_from_token"
-            )
-        if self.state.draining:
-            raise Unavailable(
-                "worker is draining (being retired): it takes no new session; route again",
-                field="session_id",
-            )
+    async def _start_session(self, request: worker_pb2.GenerateRequest) -> Feed:
         spec = _spec(request)
-        return await self._run(spec, []), 0
+        return await self._run(spec, [], hold_after=_hold_after(request, spec))
 
-    async def _run(self, spec: SessionSpec, generated: list[int]) -> Feed:
-        """Start the vLLM request that carries ``spec`` on from ``generated``; returns once
-        vLLM accepted it (a refusal raises here, leaving nothing behind)."""
+    def _client_gone(self, feed: Feed) -> None:
+        self._end(feed.session_id, "cancelled")
+
+    async def _run(self, spec: SessionSpec, generated: list[int], hold_after: int = 0) -> Feed:
+        """A session that carries ``spec`` on from ``generated``: its vLLM request starts now
+        (returning once vLLM accepted it; a refusal raises here, leaving nothing behind), or
+        at Resume when the worker is paused. With ``hold_after`` its first request stops after
+        that many tokens and the session is held for a hand-over (see ``_pump``)."""
         feed = self.feeds.create(spec.session_id, generated)
+        if self.state.paused:
+            self.state.held.add(spec.session_id)
+        else:
+            try:
+                await self._launch(spec, feed, hold_after)
+            except BaseException:
+                self.feeds.discard(spec.session_id)
+                raise
+        self.state.specs[spec.session_id] = spec
+        return feed
+
+    async def _launch(self, spec: SessionSpec, feed: Feed, hold_after: int = 0) -> None:
+        """Start the vLLM request that continues ``feed``; returns once vLLM accepted it.
+        The first request of a session imported with its KV loads that KV from the store;
+        once it has its first token the KV is in vLLM, and the store's folder goes."""
+        kv_load = self.state.kv_load.pop(spec.session_id, "")
         accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(self._pump(spec, feed, accepted), name=spec.session_id)
+        pump = self._pump(spec, feed, accepted, kv_load, hold_after)
+        task = asyncio.create_task(pump, name=spec.session_id)
         try:
             await accepted
         except BaseException:
             task.cancel()
-            self.feeds.discard(spec.session_id)
             raise
+        finally:
+            if kv_load:
+                await asyncio.to_thread(kv_store.remove, self.identity.kv_store, kv_load)
         self.state.tasks[spec.session_id] = task
-        self.state.specs[spec.session_id] = spec
         task.add_done_callback(lambda _: self._forget(spec.session_id, task))
-        return feed
+        if self.state.paused:  # paused while vLLM was taking it: hold it with the rest
+            self._hold(spec.session_id)
 
-    async def _pump(self, spec: SessionSpec, feed: Feed, accepted: asyncio.Future[None]) -> None:
+    async def _pump(
+        self,
+        spec: SessionSpec,
+        feed: Feed,
+        accepted: asyncio.Future[None],
+        kv_load: str = "",
+        hold_after: int = 0,
+    ) -> None:
+        """Feed the session the tokens of one vLLM request. A request cut short by
+        ``hold_after`` that ends by its length holds the session instead of finishing it: the
+        prefill side of a split answer stops at its first token, so the hand-over's export
+        finds it live however fast the engine decodes (it resumes by itself if none comes)."""
         base = len(feed.tokens)
         index = base
+        completion = spec.completion(feed.tokens[:base], kv_load)
+        cut = 0 < hold_after < completion.max_tokens
+        if cut:
+            completion = replace(completion, max_tokens=hold_after)
         try:
-            async for chunk in self.client.stream(spec.completion(feed.tokens[:base])):
+            async for chunk in self.client.stream(completion):
                 if not accepted.done():
                     accepted.set_result(None)
+                ends = chunk.finish_reason and not (cut and chunk.finish_reason == "length")
                 for n, token in enumerate(chunk.tokens):
-                    last = bool(chunk.finish_reason) and n == len(chunk.tokens) - 1
+                    last = bool(ends) and n == len(chunk.tokens) - 1
                     reason = chunk.finish_reason if last else ""
                     feed.push(TokenEvent(spec.session_id, index, token, last, reason))
                     index += 1
+                if cut and chunk.finish_reason == "length" and not feed.done:
+                    self._hold_for_hand_over(spec, feed)
+                    return
                 if chunk.finish_reason and not chunk.tokens and not feed.done:
                     feed.close(f"vLLM ended the request ({chunk.finish_reason})")
             if not feed.done:
@@ -178,6 +203,28 @@ class VllmWorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             if not accepted.done():
                 accepted.set_exception(Unavailable("vLLM ended the request before it began"))
 
+    def _hold_for_hand_over(self, spec: SessionSpec, feed: Feed) -> None:
+        """Hold a session its client asked to stop early (``hold_after_tokens``) until its
+        export; should none come within ``HAND_OVER_WAIT_S`` it runs on here."""
+        self.state.held.add(spec.session_id)
+        waiting = asyncio.ensure_future(self._resume_unclaimed(spec, feed))
+        self._hand_overs.add(waiting)
+        waiting.add_done_callback(self._hand_overs.discard)
+
+    async def _resume_unclaimed(self, spec: SessionSpec, feed: Feed) -> None:
+        await asyncio.sleep(HAND_OVER_WAIT_S)
+        sid = spec.session_id
+        if sid not in self.state.held or self.state.paused or feed.done:
+            return  # exported, ended, or paused (Resume starts it with the rest)
+        if sid in self.state.tasks:
+            return
+        log.info("session %s: no hand-over within %.0f s; it runs on here", sid, HAND_OVER_WAIT_S)
+        self.state.held.discard(sid)
+        try:
+            await self._launch(spec, feed)
+        except FleetShiftError as err:
+            feed.close(f"engine failed: {err.message}")
+
     def _forget(self, session_id: str, task: asyncio.Task[None]) -> None:
         if self.state.tasks.get(session_id) is task:
             del self.state.tasks[session_id]
@@ -185,12 +232,38 @@ class VllmWorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def _end(self, session_id: str, why: str) -> list[int]:
         """Stop the session's vLLM request now (vLLM aborts it when the stream closes) and
         close its feed; the tokens it had. Synchronous on the loop: no token lands after."""
+        self.state.held.discard(session_id)
+        self.state.kv_load.pop(session_id, None)  # its export's folder goes with the TTL
         task = self.state.tasks.pop(session_id, None)
         if task is not None:
             task.cancel()
         feed = self.feeds.get(session_id)
         feed.close(why)
         return list(feed.tokens)
+
+    def _hold(self, session_id: str) -> None:
+        """End the session's vLLM request but keep the session: its feed stays open with
+        the tokens it has, and Resume (or an export's end) starts a request that continues
+        it, vLLM's prefix cache holding its context. Synchronous on the loop: no token of
+        the ended request lands after this."""
+        task = self.state.tasks.pop(session_id, None)
+        if task is not None:
+            task.cancel()
+            self.state.held.add(session_id)
+
+    async def _release_held(self) -> None:
+        """Start a request for every held session (Resume)."""
+        for sid in sorted(self.state.held):
+            if self.state.paused:
+                return  # paused again meanwhile: the rest stay held
+            self.state.held.discard(sid)
+            feed, spec = self.feeds.get(sid), self.state.specs.get(sid)
+            if feed.done or spec is None:
+                continue
+            try:
+                await self._launch(spec, feed)
+            except FleetShiftError as err:
+                feed.close(f"engine failed: {err.message}")
 
     # ---- control ------------------------------------------------------------------------
 
@@ -202,8 +275,13 @@ class VllmWorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     async def Pause(
         self, request: worker_pb2.WorkerPauseRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.WorkerRunState:
-        await self.client.pause()
+        """Hold every session where it stands. Their vLLM requests end (vLLM keeps their KV
+        in its prefix cache) rather than freezing inside a paused vLLM, so the server still
+        serves what a move asks of it while paused: the prefill that hands a session's KV
+        to the disk connector (ExportSession with_kv)."""
         self.state.paused = True
+        for sid in list(self.state.tasks):
+            self._hold(sid)
         return await self._run_state()
 
     @rpc_errors
@@ -214,8 +292,8 @@ class VllmWorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             raise FailedPrecondition(
                 "steps: vLLM cannot single-step; resume without steps", field="steps"
             )
-        await self.client.resume()
         self.state.paused = False
+        await self._release_held()
         return await self._run_state()
 
     @rpc_errors
@@ -224,7 +302,8 @@ class VllmWorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     ) -> worker_pb2.WorkerSnapshotResponse:
         raise FailedPrecondition(
             "snapshot_id: a vLLM worker has no snapshot on this host (vLLM's checkpoint/restore "
-            "needs CRIU and cuda-checkpoint); move it cold, its sessions as token history",
+            "needs CRIU and cuda-checkpoint); move it cold: its sessions carry their KV where "
+            "a disk KV connector is configured, else their token history",
             field="snapshot_id",
         )
 
@@ -241,24 +320,75 @@ class VllmWorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     async def ExportSession(
         self, request: worker_pb2.ExportSessionRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.ExportSessionResponse:
-        if not request.session_id:
-            raise InvalidArgument("session_id must not be empty", field="session_id")
-        feed = self.feeds.get(request.session_id)
+        feed = self._live_feed(request.session_id)
         spec = self.state.specs.get(request.session_id)
-        if feed.done or spec is None:
+        if spec is None:
             raise FailedPrecondition(
                 f"session_id {request.session_id!r} has ended "
                 f"({feed.finish_reason or feed.closed})",
                 field="session_id",
             )
-        generated = self._end(feed.session_id, "moved") if request.release else list(feed.tokens)
+        kv = None
+        generated = list(feed.tokens)
+        if request.with_kv and self.identity.kv_store:
+            generated, kv = await self._store_kv(spec, feed, resume=not request.release)
+        if request.release:
+            self._end(feed.session_id, "moved")
         return worker_pb2.ExportSessionResponse(
-            blob=spec.to_blob(generated, delta=bool(request.from_token)),
-            kv_included=False,
+            blob=spec.to_blob(generated, delta=bool(request.from_token), kv=kv),
+            kv_included=kv is not None,
             tokens=len(spec.prompt) + len(generated),
             generated=len(generated),
             delta=bool(request.from_token),
         )
+
+    async def _store_kv(
+        self, spec: SessionSpec, feed: Feed, *, resume: bool
+    ) -> tuple[list[int], KvRef | None]:
+        """Hand the session's KV to vLLM's disk connector: hold the session (its tokens stop
+        where they are), prefill its context once more (vLLM's prefix cache holds it: only
+        the last partial block is computed), which makes the connector store it. Returns the
+        tokens the stored KV belongs to, and where it is (None: shorter than one block). A
+        session that was running runs on afterwards if ``resume`` (not when it is leaving)."""
+        sid = spec.session_id
+        running = resume and sid in self.state.tasks
+        self._hold(sid)
+        generated = list(feed.tokens)
+        export_id = kv_store.new_id()
+        try:
+            block = self._last.block_size or (await self._stats()).block_size
+            tokens = carried_tokens(len(spec.prompt) + len(generated), block)
+            if not tokens:
+                return generated, None
+            await self.sweep_store()  # every export also clears what nobody imported
+            async for _ in self.client.stream(spec.kv_completion(generated, export_id)):
+                pass
+        finally:
+            if running and not self.state.paused and sid in self.state.held:
+                self.state.held.discard(sid)
+                await self._launch(spec, feed)
+        i = self.identity
+        return generated, KvRef(i.kv_connector, i.kv_store, tokens, self._key, export_id)
+
+    async def sweep_store(self) -> int:
+        """Delete the store's exports older than the TTL (nobody imported them)."""
+        i = self.identity
+        if not i.kv_store:
+            return 0
+        return await asyncio.to_thread(kv_store.sweep, i.kv_store, i.kv_store_ttl_s, self.wall())
+
+    async def sweep_store_forever(self) -> None:
+        """The store's TTL sweep, a few times per TTL, for as long as the worker runs."""
+        while True:
+            await asyncio.sleep(max(1.0, self.identity.kv_store_ttl_s / 4))
+            try:
+                await self.sweep_store()
+            except OSError as err:  # a store that is briefly unreachable: try again later
+                log.warning("KV store sweep failed: %s", err)
+
+    @property
+    def _key(self) -> dict[str, str | int]:
+        return key_fields(self.identity.compat_key)
 
     @rpc_errors
     async def ImportSession(
@@ -284,19 +414,61 @@ class VllmWorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             raise InvalidArgument(
                 "blob is a delta: apply it to a staged session (delta_for)", field="delta_for"
             )
+        restored, note = False, "KV recomputed: staged (the KV is looked up when it starts)"
         if request.staged:
             self.state.staged[sid] = carried
         else:
             self.state.staged.pop(sid, None)
-            await self._run(carried.spec, carried.generated)
+            restored, note = await self._start_carried(carried)
+            log.info("session %s imported: %s", sid, note)  # which path its KV took
         return worker_pb2.ImportSessionResponse(
             session_id=sid,
-            kv_restored=False,
-            kv_note=KV_NOTE,
+            kv_restored=restored,
+            kv_note=note,
             generated=len(carried.generated),
             staged=request.staged,
             tokens=len(carried.spec.prompt) + len(carried.generated),
         )
+
+    async def _start_carried(self, carried: Carried) -> tuple[bool, str]:
+        """Start a carried session; whether vLLM took its KV from the connector, and the
+        note that says which path it took. The KV's arrival is vLLM's own count (external
+        prefix-cache hits) across the start, so a KV that was offered but not found reads
+        as recomputed, never as restored (imports come one at a time from the executor)."""
+        i = self.identity
+        refusal = kv_refusal(carried.kv, i.kv_connector, i.kv_store, self._key)
+        if not refusal and carried.kv is not None:
+            refusal = self._stale(carried.kv)
+        if refusal or carried.kv is None:
+            if carried.kv is not None and carried.kv.store == i.kv_store and carried.kv.id:
+                await asyncio.to_thread(kv_store.remove, i.kv_store, carried.kv.id)  # unusable
+            await self._run(carried.spec, carried.generated)
+            return False, refusal
+        self.state.kv_load[carried.spec.session_id] = carried.kv.id
+        if self.state.paused:  # its first request, at Resume, loads the KV
+            await self._run(carried.spec, carried.generated)
+            return False, "KV recomputed: the worker is paused (loaded at resume, not counted)"
+        before = await self._stats()
+        await self._run(carried.spec, carried.generated)
+        after = await self._stats()
+        loaded = after.external_prefix_cache_hits - before.external_prefix_cache_hits
+        local = after.prefix_cache_hits - before.prefix_cache_hits
+        context = len(carried.spec.prompt) + len(carried.generated)
+        return loaded > 0, restored_note(carried.kv, context, loaded, local)
+
+    def _stale(self, kv: KvRef) -> str:
+        """Why an export's KV is not taken although it may travel: it has no id (a blob
+        from before exports had one), or it is old enough that a TTL sweep may delete it
+        while vLLM reads it (the engine cannot survive a file vanishing mid-load)."""
+        if not kv_store.ID.match(kv.id):
+            return "KV recomputed: the blob's KV names no export id"
+        age = kv_store.age_s(self.identity.kv_store, kv.id, self.wall())
+        if age is not None and age > self.identity.kv_store_ttl_s / 2:
+            return (
+                f"KV recomputed: the export is {age:.0f} s old, past half the store's TTL "
+                f"({self.identity.kv_store_ttl_s:.0f} s); a sweep may delete it"
+            )
+        return ""
 
     @rpc_errors
     async def CancelSession(
@@ -317,69 +489,34 @@ class VllmWorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self._last = parse_metrics(await self.client.metrics())
         return self._last
 
-    @rpc_errors
-    async def GetCounters(
-        self, request: worker_pb2.GetWorkerCountersRequest, context: grpc.aio.ServicerContext
-    ) -> fleet_pb2.WorkerCounters:
+    async def _counters(self) -> Counters:
         stats = await self._stats()
         ttft, tbt = self.latency.add(self.clock(), stats)
         used, total = stats.daemon_blocks()
-        ttft_ms, tbt_ms = p50_p99_ms(ttft), p50_p99_ms(tbt)
-        return fleet_pb2.WorkerCounters(
-            worker_id=self.identity.worker_id,
+        return Counters(
             prefill_tokens=stats.prompt_tokens,
             decode_tokens=stats.generation_tokens,
             queue_depth=stats.waiting,
             kv_blocks_used=used,
             kv_blocks_total=total,
             live_sessions=stats.running + stats.waiting,
-            ttft_p50_ms=ttft_ms[0],
-            ttft_p99_ms=ttft_ms[1],
-            tbt_p50_ms=tbt_ms[0],
-            tbt_p99_ms=tbt_ms[1],
+            ttft_ms=p50_p99_ms(ttft),
+            tbt_ms=p50_p99_ms(tbt),
         )
 
-    def info(self) -> worker_pb2.WorkerInfo:
-        return worker_pb2.WorkerInfo(
-            worker_id=self.identity.worker_id,
-            role=self.state.role,  # type: ignore[arg-type]
-            model_id=self.identity.model_id,
-            compat_key=self.identity.compat_key,
-            kv_block_size=self._last.block_size,
-            kv_blocks_total=self._last.kv_blocks,
-            compiled=False,
-            paused=self.state.paused,
-            session_ids=self.feeds.live_ids(),
-            staged_session_ids=sorted(self.state.staged),
-            draining=self.state.draining,
-            role_epoch=self.state.role_epoch,
-        )
+    def _info_fields(self) -> dict[str, Any]:
+        return {
+            "model_id": self.identity.model_id,
+            "compat_key": self.identity.compat_key,
+            "kv_block_size": self._last.block_size,
+            "kv_blocks_total": self._last.kv_blocks,
+            "compiled": False,
+            "paused": self.state.paused,
+            "staged_session_ids": sorted(self.state.staged),
+        }
 
-    @rpc_errors
-    async def GetInfo(
-        self, request: worker_pb2.GetWorkerInfoRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.WorkerInfo:
-        return self.info()
-
-    @rpc_errors
-    async def SetRole(
-        self, request: worker_pb2.SetWorkerRoleRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.WorkerInfo:
-        name = ROLE_NAME_BY_PB.get(request.role)
-        if name is None:
-            raise InvalidArgument(f"role {request.role} is not a worker role", field="role")
-        check_role(name, self.identity.kv_role)
-        if request.role != self.state.role:
-            self.state.role = request.role
-            self.state.role_epoch += 1
-        return self.info()
-
-    @rpc_errors
-    async def SetDraining(
-        self, request: worker_pb2.SetWorkerDrainingRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.WorkerInfo:
-        self.state.draining = request.draining
-        return self.info()
+    def _check_role(self, role: str) -> None:
+        check_role(role, self.identity.kv_role)
 
     async def close(self) -> None:
         for task in list(self.state.tasks.values()):
@@ -399,6 +536,13 @@ def check_role(role: str, kv_role: str) -> None:
             f"started, which allows only {', '.join(allowed)}; start a new worker in that role",
             field="role",
         )
+
+
+def _hold_after(request: worker_pb2.GenerateRequest, spec: SessionSpec) -> int:
+    """The tokens to stop after for a hand-over (0: run to the end). One that would not stop
+    before the session's own end changes nothing."""
+    hold = request.hold_after_tokens
+    return hold if 0 < hold < spec.max_new_tokens else 0
 
 
 def _spec(request: worker_pb2.GenerateRequest) -> SessionSpec:
@@ -421,12 +565,4 @@ def _spec(request: worker_pb2.GenerateRequest) -> SessionSpec:
         top_p=top_p,
         seed=seed,
         stop_token_ids=tuple(request.stop_token_ids),
-    )
-
-
-def binding(servicer: VllmWorkerServicer) -> ServiceBinding:
-    return ServiceBinding(
-        worker_pb2_grpc.add_WorkerServiceServicer_to_server,
-        servicer,
-        worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
     )

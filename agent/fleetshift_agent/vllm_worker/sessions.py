@@ -6,15 +6,20 @@ a move ends the request on the source and the destination starts a new one whose
 the session's whole context. The portable form is JSON (never pickle), opaque to the daemon.
 
 Greedy sessions continue with exactly the tokens an uninterrupted run gives. A seeded
-sampled session continues with vLLM's per-request generator seeded again at the move, so its
-tokens after the move are a valid draw from the same distribution but not the tokens the
-uninterrupted run would have drawn (tests/vllm states and checks this).
+sampled session does not: vLLM seeds a request's generator when the request starts and
+advances it once per sampled token, and no API sets a generator's state, so the request a
+move (or a pause) starts draws from the seed afresh. What holds, and tests/vllm checks: the
+tokens before the move are the uninterrupted run's, and the tokens after it are exactly what
+vLLM alone gives for the session's context so far with the same seed (reproducible), not
+the uninterrupted run's draws. A Pause ends requests too (the worker holds its sessions), so
+the same holds across a Pause and Resume on one worker.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import uuid
+from dataclasses import asdict, dataclass, field
 
 from fleetshift_agent.vllm_worker.client import Completion
 from fleetshift_common.errors import InvalidArgument
@@ -32,8 +37,9 @@ class SessionSpec:
     seed: int
     stop_token_ids: tuple[int, ...] = ()
 
-    def completion(self, generated: list[int]) -> Completion:
-        """The vLLM request that continues this session after ``generated``."""
+    def completion(self, generated: list[int], kv_load: str = "") -> Completion:
+        """The vLLM request that continues this session after ``generated``; with
+        ``kv_load`` (an export's id), the connector loads that export's KV for it."""
         return Completion(
             prompt=self.prompt + tuple(generated),
             max_tokens=self.max_new_tokens - len(generated),
@@ -41,12 +47,53 @@ class SessionSpec:
             top_p=self.top_p,
             seed=self.seed,
             stop_token_ids=self.stop_token_ids,
-            request_id=f"{self.session_id}-{len(generated)}",
+            # One session may run as several vLLM requests (a pause, a move): never one id twice.
+            request_id=f"{self.session_id}-{len(generated)}-{uuid.uuid4().hex[:8]}",
+            kv_transfer_params=kv_params("load", kv_load) if kv_load else None,
         )
 
-    def to_blob(self, generated: list[int], *, delta: bool = False) -> bytes:
+    def kv_completion(self, generated: list[int], export_id: str) -> Completion:
+        """The request that makes the disk connector store this session's KV under the
+        export's id: a prefill of its whole context, one token long (the token is dropped).
+        The destination's request has the same prompt and names the same id, so it finds
+        the KV; no other request does."""
+        return Completion(
+            prompt=self.prompt + tuple(generated),
+            max_tokens=1,
+            temperature=0.0,
+            top_p=1.0,
+            seed=0,
+            request_id=f"{self.session_id}-kv-{len(generated)}-{uuid.uuid4().hex[:8]}",
+            kv_transfer_params=kv_params("store", export_id),
+        )
+
+    def to_blob(
+        self, generated: list[int], *, delta: bool = False, kv: KvRef | None = None
+    ) -> bytes:
         body = {"format": BLOB_FORMAT, **asdict(self), "generated": generated, "delta": delta}
+        if kv is not None:
+            body["kv"] = asdict(kv)
         return json.dumps(body).encode()
+
+
+def kv_params(what: str, export_id: str) -> dict[str, str]:
+    """vLLM's kv_transfer_params for FleetShift's connector: store or load this export."""
+    return {"fleetshift_kv": what, "fleetshift_kv_id": export_id}
+
+
+@dataclass(frozen=True)
+class KvRef:
+    """Where a session's KV waits for its next worker: the store of vLLM's disk connector
+    (``ExampleConnector``), holding the KV of the context's first ``tokens`` tokens, written
+    by a worker whose compatibility key is ``key`` (the destination takes it only if its own
+    key and store agree: otherwise the KV would be misread, not merely slow), under the
+    export's ``id`` (kv_store: the folder is single-use, deleted once imported)."""
+
+    connector: str
+    store: str
+    tokens: int
+    key: dict[str, str | int] = field(default_factory=dict)
+    id: str = ""
 
 
 @dataclass(frozen=True)
@@ -54,6 +101,7 @@ class Carried:
     spec: SessionSpec
     generated: list[int]
     delta: bool
+    kv: KvRef | None = None
 
     @classmethod
     def from_blob(cls, blob: bytes) -> Carried:
@@ -71,7 +119,15 @@ class Carried:
                 stop_token_ids=tuple(int(t) for t in raw["stop_token_ids"]),
             )
             generated = [int(t) for t in raw["generated"]]
-            return cls(spec, generated, bool(raw.get("delta", False)))
+            kv = raw.get("kv")
+            ref = None
+            if kv is not None:
+                key = {str(k): v for k, v in dict(kv["key"]).items()}
+                ref = KvRef(
+                    str(kv["connector"]), str(kv["store"]), int(kv["tokens"]), key,
+                    str(kv.get("id", "")),
+                )  # fmt: skip
+            return cls(spec, generated, bool(raw.get("delta", False)), ref)
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise InvalidArgument(
                 f"blob is not a vLLM worker's session ({err}); sessions move only between "

@@ -22,7 +22,8 @@ from fleetshift_agent.engine.factory import engine_from_dir
 from fleetshift_agent.snapshot import open_snapshot
 from fleetshift_agent.worker.feeds import Feeds
 from fleetshift_agent.worker.runner import EngineRunner
-from fleetshift_agent.worker.service import ROLES, WorkerServicer, WorkerState, binding
+from fleetshift_agent.worker.service import ROLES, WorkerServicer, WorkerState
+from fleetshift_agent.worker.session_core import binding
 from fleetshift_agent.worker.snapshots import declare_gpu, engine_from_snapshot
 from fleetshift_common.lifecycle import stop_event, write_port_file
 from fleetshift_rpc.auth import worker_security

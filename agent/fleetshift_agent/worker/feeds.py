@@ -9,21 +9,36 @@ saw. Feeds are touched only on the event loop thread; the engine thread posts to
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 from fleetshift.v1 import worker_pb2
 from fleetshift_agent.engine import TokenEvent
 from fleetshift_common.errors import AlreadyExists, NotFound
 
+# How long a session that finished with no client reading it is reported as unread (the
+# daemon names this worker for it, also after a daemon restart). Far longer than a client
+# follows a moved session (120 s) plus a daemon restart; the feed itself may be dropped
+# sooner (Feeds.keep_done), and then it is no longer reported: its tokens are gone.
+UNREAD_KEPT_S = 900.0
+
 
 class Feed:
-    def __init__(self, session_id: str, tokens: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        tokens: Iterable[int] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.session_id = session_id
         self.tokens = list(tokens)
         self.finished = False
         self.finish_reason = ""
         self.closed = ""  # why the session left without finishing ("moved", "cancelled")
+        self.finished_at = 0.0  # when the last token came (by ``clock``)
+        self.read = False  # a client stream has been given the last token
+        self._clock = clock
         self._changed = asyncio.Event()
 
     @property
@@ -37,6 +52,7 @@ class Feed:
         if ev.finished:
             self.finished = True
             self.finish_reason = ev.finish_reason
+            self.finished_at = self._clock()
         self._wake()
 
     def close(self, why: str) -> None:
@@ -53,15 +69,16 @@ class Feed:
 
 
 class Feeds:
-    def __init__(self, keep_done: int = 4096) -> None:
+    def __init__(self, keep_done: int = 4096, clock: Callable[[], float] = time.monotonic) -> None:
         self._feeds: OrderedDict[str, Feed] = OrderedDict()
         self._keep_done = keep_done
+        self._clock = clock
 
     def create(self, session_id: str, tokens: Iterable[int] = ()) -> Feed:
         old = self._feeds.get(session_id)
         if old is not None and not old.done:
             raise AlreadyExists(f"session_id {session_id!r} is live here", field="session_id")
-        feed = Feed(session_id, tokens)
+        feed = Feed(session_id, tokens, self._clock)
         self._feeds[session_id] = feed
         self._feeds.move_to_end(session_id)
         self._trim()
@@ -79,6 +96,18 @@ class Feeds:
     def live_ids(self) -> list[str]:
         """Sessions that have neither finished nor left, oldest first."""
         return [sid for sid, feed in self._feeds.items() if not feed.done]
+
+    def unread_ids(self) -> list[str]:
+        """Sessions that finished here and whose last token no client has been given, for
+        UNREAD_KEPT_S: the worker holds tokens a client will come back for (it went away, or
+        its session finished here after a move before it re-attached). The daemon keeps
+        where sessions ended in memory only; this is what a restarted one relearns it from."""
+        since = self._clock() - UNREAD_KEPT_S
+        return [
+            sid
+            for sid, feed in self._feeds.items()
+            if feed.finished and not feed.read and feed.finished_at >= since
+        ]
 
     def close_all(self, why: str) -> None:
         for feed in self._feeds.values():
@@ -103,6 +132,9 @@ async def stream(feed: Feed, start: int) -> AsyncIterator[worker_pb2.GenerateRes
     while True:
         while index < len(feed.tokens):
             last = feed.finished and index == len(feed.tokens) - 1
+            # Given to a client stream: read (marked before the yield, as a client that has
+            # what it asked for may hang up before the generator runs on).
+            feed.read = feed.read or last
             yield worker_pb2.GenerateResponse(
                 session_id=feed.session_id,
                 token=feed.tokens[index],
@@ -112,5 +144,6 @@ async def stream(feed: Feed, start: int) -> AsyncIterator[worker_pb2.GenerateRes
             )
             index += 1
         if feed.done:
+            feed.read = feed.read or feed.finished  # re-attached past the last token
             return
         await feed.changed()

@@ -11,21 +11,23 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 
-from fleetshift.v1 import fleet_pb2, worker_pb2, worker_pb2_grpc
+from fleetshift.v1 import worker_pb2
 from fleetshift_agent.engine import Engine, SamplingParams, Session, SessionExport
 from fleetshift_agent.engine.delta import DELTA_KEY
 from fleetshift_agent.engine.state import RestoreReport, capture_state
 from fleetshift_agent.snapshot import open_snapshot
 from fleetshift_agent.wire import ROLE_BY_NAME
-from fleetshift_agent.worker.feeds import Feed, Feeds, stream
+from fleetshift_agent.worker.feeds import Feed, Feeds
 from fleetshift_agent.worker.runner import EngineRunner
+from fleetshift_agent.worker.session_core import Counters, SessionServicer
 from fleetshift_agent.worker.snapshots import (
     engine_key,
     import_snapshot_sessions,
@@ -33,13 +35,10 @@ from fleetshift_agent.worker.snapshots import (
 )
 from fleetshift_common.compat import CompatVerdict
 from fleetshift_common.errors import (
-    FailedPrecondition,
     FleetShiftError,
     InvalidArgument,
-    Unavailable,
 )
-from fleetshift_rpc.errors import rpc_errors, status_for
-from fleetshift_rpc.server import ServiceBinding
+from fleetshift_rpc.errors import rpc_errors
 
 log = logging.getLogger("fleetshift.worker")
 
@@ -86,7 +85,7 @@ def _percentiles(samples: tuple[float, ...]) -> tuple[float, float]:
     return float(p50), float(p99)
 
 
-class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
+class WorkerServicer(SessionServicer[WorkerState]):
     def __init__(
         self,
         runner: EngineRunner,
@@ -105,46 +104,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
 
     # ---- clients ------------------------------------------------------------------------
 
-    async def Generate(
-        self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        try:
-            feed, start = await self._open_stream(request)
-        except FleetShiftError as err:
-            await context.abort(status_for(err), err.message)
-            return
-        try:
-            async for msg in stream(feed, start):
-                yield msg
-        except asyncio.CancelledError:
-            if not feed.done:  # the client went away: so does its session
-                self._in_background(self._cancel_quietly(feed.session_id))
-            raise
-        if feed.closed:
-            await context.abort(
-                grpc.StatusCode.ABORTED,
-                f"session {feed.session_id!r} left this worker ({feed.closed}) after "
-                f"{len(feed.tokens)} tokens",
-            )
+    @property
+    def worker_id(self) -> str:
+        return self.state.worker_id
 
-    async def _open_stream(self, request: worker_pb2.GenerateRequest) -> tuple[Feed, int]:
-        if request.resume_session_id:
-            for name in ("prompt_tokens", "stop_token_ids"):
-                if len(getattr(request, name)):
-                    raise InvalidArgument(
-                        f"{name} must be empty with resume_session_id", field=name
-                    )
-            feed = self.feeds.get(request.resume_session_id, "resume_session_id")
-            return feed, request.resume_from_token
-        if request.resume_from_token:
-            raise InvalidArgument(
-                "resume_from_token needs resume_session_id", field="resume_from_token"
-            )
-        if self.state.draining:
-            raise Unavailable(
-                "worker is draining (being retired): it takes no new session; route again",
-                field="session_id",
-            )
+    async def _start_session(self, request: worker_pb2.GenerateRequest) -> Feed:
         params = _sampling(request.sampling)
         sid = request.session_id or uuid.uuid4().hex
         feed = self.feeds.create(sid)
@@ -157,7 +121,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         except BaseException:
             self.feeds.discard(sid)
             raise
-        return feed, 0
+        return feed
+
+    def _client_gone(self, feed: Feed) -> None:
+        self._in_background(self._cancel_quietly(feed.session_id))
 
     async def _cancel_quietly(self, session_id: str) -> None:
         try:
@@ -248,15 +215,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     async def ExportSession(
         self, request: worker_pb2.ExportSessionRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.ExportSessionResponse:
-        if not request.session_id:
-            raise InvalidArgument("session_id must not be empty", field="session_id")
-        feed = self.feeds.get(request.session_id)
-        if feed.done:
-            raise FailedPrecondition(
-                f"session_id {request.session_id!r} has ended "
-                f"({feed.finish_reason or feed.closed})",
-                field="session_id",
-            )
+        self._live_feed(request.session_id)
 
         def export() -> tuple[SessionExport, int, int]:
             exp = self.engine.export_session(
@@ -357,75 +316,30 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             self.feeds.get(request.session_id).close("cancelled")
         return worker_pb2.CancelSessionResponse(generated=len(session.generated))
 
-    @rpc_errors
-    async def GetCounters(
-        self, request: worker_pb2.GetWorkerCountersRequest, context: grpc.aio.ServicerContext
-    ) -> fleet_pb2.WorkerCounters:
+    async def _counters(self) -> Counters:
         c = await self.runner.call(self.engine.counters)  # the sample deques grow per step
-        ttft = _percentiles(c.ttft_ms)
-        tbt = _percentiles(c.tbt_ms)
-        return fleet_pb2.WorkerCounters(
-            worker_id=self.state.worker_id,
+        return Counters(
             prefill_tokens=c.prefill_tokens,
             decode_tokens=c.decode_tokens,
             queue_depth=c.queue_depth,
             kv_blocks_used=c.kv_blocks_used,
             kv_blocks_total=c.kv_blocks_total,
             live_sessions=c.running + c.queue_depth,
-            ttft_p50_ms=ttft[0],
-            ttft_p99_ms=ttft[1],
-            tbt_p50_ms=tbt[0],
-            tbt_p99_ms=tbt[1],
+            ttft_ms=_percentiles(c.ttft_ms),
+            tbt_ms=_percentiles(c.tbt_ms),
         )
 
-    def info(self) -> worker_pb2.WorkerInfo:
+    def _info_fields(self) -> dict[str, Any]:
         e = self.engine
         key = engine_key(e).to_json()
-        return worker_pb2.WorkerInfo(
-            worker_id=self.state.worker_id,
-            role=self.state.role,  # type: ignore[arg-type]
-            model_id=e.model_id,
-            compat_key=worker_pb2.WorkerCompatKey(**key),  # type: ignore[arg-type]
-            kv_block_size=e.config.block_size,
-            kv_blocks_total=e.config.num_blocks,
-            max_running=e.config.max_running,
-            compiled=e.compiled,
-            paused=self.runner.paused,
-            restored_from=self.state.restored_from,
-            session_ids=self.feeds.live_ids(),
-            staged_session_ids=sorted(self._staged),
-            draining=self.state.draining,
-            role_epoch=self.state.role_epoch,
-        )
-
-    @rpc_errors
-    async def GetInfo(
-        self, request: worker_pb2.GetWorkerInfoRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.WorkerInfo:
-        return self.info()
-
-    @rpc_errors
-    async def SetRole(
-        self, request: worker_pb2.SetWorkerRoleRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.WorkerInfo:
-        if request.role not in ROLES.values():
-            raise InvalidArgument(f"role {request.role} is not a worker role", field="role")
-        if request.role != self.state.role:
-            self.state.role = request.role
-            self.state.role_epoch += 1
-        return self.info()
-
-    @rpc_errors
-    async def SetDraining(
-        self, request: worker_pb2.SetWorkerDrainingRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.WorkerInfo:
-        self.state.draining = request.draining
-        return self.info()
-
-
-def binding(servicer: WorkerServicer) -> ServiceBinding:
-    return ServiceBinding(
-        worker_pb2_grpc.add_WorkerServiceServicer_to_server,
-        servicer,
-        worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
-    )
+        return {
+            "model_id": e.model_id,
+            "compat_key": worker_pb2.WorkerCompatKey(**key),  # type: ignore[arg-type]
+            "kv_block_size": e.config.block_size,
+            "kv_blocks_total": e.config.num_blocks,
+            "max_running": e.config.max_running,
+            "compiled": e.compiled,
+            "paused": self.runner.paused,
+            "restored_from": self.state.restored_from,
+            "staged_session_ids": sorted(self._staged),
+        }

@@ -1,0 +1,88 @@
+"""When a session's KV may travel between two vLLM workers, and what the record says.
+
+vLLM's disk connector (``ExampleConnector``; FleetShift's ``FleetShiftDiskConnector`` mends
+its keys) stores a request's KV in a shared directory, keyed by the request's prompt
+tokens, and a second vLLM whose connector reads the same directory injects it into a
+request with the same leading tokens instead of computing it.
+FleetShift uses exactly that for a move: the source prefills the session's context once
+more (its own prefix cache holds it, so only the last partial block is computed), which
+stores the KV; the destination starts the session's request with the whole context, and its
+connector loads the stored blocks. Only whole vLLM blocks travel; the tail is recomputed.
+
+The KV is read as raw tensors, so it is only taken where the compatibility key agrees
+(engine and version, model and weights, dtype, TP degree, GPU product, torch): anything
+else would misread it. When it cannot travel the destination recomputes the context from
+the session's token history and says why; when it was offered but vLLM loaded none (the
+store was emptied, another connector), vLLM's own counter shows it and the answer says so.
+Pure: no HTTP, no files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from google.protobuf.json_format import MessageToDict
+
+from fleetshift.v1 import worker_pb2
+from fleetshift_agent.vllm_worker.server import DISK_CONNECTOR
+from fleetshift_agent.vllm_worker.sessions import KvRef
+
+# vLLM's disk connector as FleetShift fixes it (server.DISK_CONNECTOR: upstream's
+# ExampleConnector can crash the engine on a prompt of 1 + k blocks, which moves produce).
+DISK_CONNECTORS = (DISK_CONNECTOR,)
+NO_KV_NOTE = (
+    "KV recomputed: a vLLM worker carries a session as its token history (vLLM's prefix "
+    "cache reuses what it holds)"
+)
+
+
+def key_fields(key: worker_pb2.WorkerCompatKey) -> dict[str, str | int]:
+    """A compatibility key as the JSON a session blob carries."""
+    fields: dict[str, str | int] = MessageToDict(key, preserving_proto_field_name=True)
+    return fields
+
+
+def carried_tokens(context_len: int, block_size: int) -> int:
+    """How many tokens of a context the disk connector stores and finds again: the whole
+    vLLM blocks before the context's last token (at least one token is left to compute)."""
+    if block_size <= 0 or context_len <= 1:
+        return 0
+    return (context_len - 1) // block_size * block_size
+
+
+def kv_refusal(
+    kv: KvRef | None,
+    connector: str,
+    store: str,
+    key: Mapping[str, str | int],
+) -> str:
+    """Why this worker (``connector`` reading ``store``, with ``key``) cannot take the KV a
+    session carries: a note beginning "KV recomputed", or "" when it can."""
+    if kv is None:
+        return NO_KV_NOTE + "; the source offered no KV"
+    if not store or connector not in DISK_CONNECTORS:
+        return "KV recomputed: this worker has no disk KV connector (kv_connector_path)"
+    if kv.connector not in DISK_CONNECTORS or kv.store != store:
+        return (
+            f"KV recomputed: the KV waits in {kv.connector}'s store {kv.store!r}; this worker "
+            f"reads {store!r}"
+        )
+    differ = sorted(k for k in set(kv.key) | set(key) if kv.key.get(k) != key.get(k))
+    if differ:
+        return "KV recomputed: the compatibility key differs in " + ", ".join(differ)
+    return ""
+
+
+def restored_note(kv: KvRef, context_len: int, loaded: int, local: int) -> str:
+    """The import's answer when the KV could travel: what vLLM's counters say it did."""
+    computed = max(0, context_len - loaded - local)
+    if loaded <= 0:
+        return (
+            f"KV recomputed: the KV of {kv.tokens} tokens was offered from {kv.store!r} but "
+            f"vLLM loaded none (its external prefix-cache hits did not grow); it computed "
+            f"{computed} of {context_len} context tokens"
+        )
+    return (
+        f"KV restored by vLLM's {kv.connector}: {loaded} of {context_len} context tokens "
+        f"loaded from {kv.store!r}, {local} from the local prefix cache, {computed} computed"
+    )
