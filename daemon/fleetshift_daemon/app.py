@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
@@ -61,17 +62,23 @@ from fleetshift_daemon.store.calibration_store import SqlCalibrationStore
 from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.lease_store import SqlLeaseStore
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
+from fleetshift_daemon.store.traffic_store import SqlArrivalStore
+from fleetshift_daemon.store.view_mark import view_mark
 from fleetshift_daemon.store.work_store import (
     SqlEfficiencyStore,
     SqlOperationStore,
     SqlWorkerStore,
 )
+from fleetshift_daemon.traffic_share import TrafficShare
 from fleetshift_rpc.auth import ServerSecurity, server_security
 from fleetshift_rpc.metrics import DaemonMetrics, MetricsEndpoint, start_metrics_server
 from fleetshift_rpc.ratelimit import RateLimit
 from fleetshift_rpc.server import RunningServer, ServiceBinding, start_server
 
 log = logging.getLogger("fleetshift.daemon")
+
+FLEET_METRICS_EVERY_S = 1.0
+FULL_READ_EVERY_S = 10.0  # a follower re-reads everything this often even when the mark holds
 
 
 @dataclass
@@ -98,10 +105,15 @@ class Daemon:
     failpoints: Failpoints = field(default_factory=Failpoints)
     leadership: Leadership | None = None
     replica_loop: ReplicaLoop | None = None
+    traffic_share: TrafficShare | None = None  # replicas: the leader plans on every arrival
     gate: LeaderGate | None = None
     _sole_lock: IO[str] | None = None
+    _lease_engine: Engine | None = None  # PostgreSQL: the lease thread's own connection
     _scheduler: AsyncIOScheduler | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)  # named background jobs
+    _fleet_metrics_at: float = -math.inf  # when the fleet gauges were last published
+    _view_mark: tuple[str, ...] | None = None  # a follower's last read of the database...
+    _view_read_at: float = -math.inf  # ...and when (monotonic)
 
     @property
     def port(self) -> int:
@@ -117,8 +129,12 @@ class Daemon:
         await asyncio.to_thread(upgrade, self.engine)
         await self._claim_leadership()
         assert self.leadership is not None
-        fence = self.leadership.token  # every executor write carries it (store/lease_store.py)
-        self.registry = Registry(SqlRegistryStore(self.engine), self.clock, cfg.node_lost_after_s)
+        # Every write the leader decides (executor, sweep, cordons) carries it
+        # (store/lease_store.py); registrations are the agents' own and are not fenced.
+        fence = self.leadership.token
+        self.registry = Registry(
+            SqlRegistryStore(self.engine, fence), self.clock, cfg.node_lost_after_s
+        )
         await asyncio.to_thread(self.registry.load)
         self.workers = WorkerTable(SqlWorkerStore(self.engine, fence), self.clock)
         await asyncio.to_thread(self.workers.load)
@@ -195,9 +211,12 @@ class Daemon:
             view = await asyncio.to_thread(store.take, self.leadership.identity, address)
             self.leadership.lead_for_good(view)
             return
+        # The lease renews on its own connection: a pool drained by Route's reads must not
+        # make a renewal wait past the deadline (see replicas.ReplicaLoop.run_lease).
+        self._lease_engine = make_engine(self.config.effective_database_url, pool=1)
         self.replica_loop = ReplicaLoop(
             self.leadership,
-            store,
+            SqlLeaseStore(self._lease_engine),
             self._refresh_view,
             self._elected,
             self._deposed,
@@ -213,14 +232,37 @@ class Daemon:
             self.leadership.address = f"{host}:{self.server.port}"
         self._spawn("lease", self.replica_loop.run_lease())
         self._spawn("view refresh", self.replica_loop.run_refresh())
+        assert self.placement is not None and self.engine is not None
+        self.traffic_share = TrafficShare(
+            self.placement.traffic,
+            SqlArrivalStore(self.engine, self.leadership.token),
+            self.leadership.identity,
+            self.leadership.acting,
+            self.clock,
+        )
+        self._spawn("route arrivals", self.traffic_share.run())
 
     def _refresh_view(self) -> None:
-        """Blocking: what the leader wrote since the last look (nodes, workers, operations)."""
+        """Blocking: what the leader wrote since the last look (nodes, workers, operations).
+
+        Skipped when the database's mark (``store/view_mark.py``) equals the one taken before
+        the last read, and that read is less than ``FULL_READ_EVERY_S`` old. The mark is taken
+        before reading: a write landing during the read changes the next mark, so it is read
+        then."""
         assert self.registry is not None and self.workers is not None
-        assert self.operations is not None
+        assert self.operations is not None and self.engine is not None
+        mark = view_mark(self.engine)
+        now = time.monotonic()
+        if (
+            mark is not None
+            and mark == self._view_mark
+            and now - self._view_read_at < FULL_READ_EVERY_S
+        ):
+            return
         self.registry.refresh()
         self.workers.refresh()
         self.operations.refresh()
+        self._view_mark, self._view_read_at = mark, now
 
     async def _elected(self) -> None:
         """A new tenure: recover every running operation as a restarted daemon would, but
@@ -316,7 +358,12 @@ class Daemon:
                 self.placement,
                 acting=self._acting,
             ),
-            *placement_api.bindings(self.placement, self.workers, self.metrics),
+            *placement_api.bindings(
+                self.placement,
+                self.workers,
+                self.metrics,
+                self.replica_loop.catch_up if self.replica_loop else placement_api.no_catch_up,
+            ),
             *calibration_api.bindings(self.calibrations, self.placement),
         ]
 
@@ -378,7 +425,12 @@ class Daemon:
             log.warning("node lost: no heartbeat within the timeout", extra={"node": name})
         if turned:
             self.metrics.node_lost(len(turned))
-        self._publish_fleet_metrics()
+        # The fleet gauges walk every GPU of the fleet on the event loop: at most once a
+        # second (and at once when nodes turned lost), however short the sweep interval.
+        now = time.monotonic()
+        if turned or now - self._fleet_metrics_at >= FLEET_METRICS_EVERY_S:
+            self._fleet_metrics_at = now
+            self._publish_fleet_metrics()
 
     def _publish_fleet_metrics(self) -> None:
         assert self.registry is not None
@@ -459,6 +511,8 @@ class Daemon:
             await asyncio.to_thread(self.registry.sweep)  # flush heartbeat times
         if self.replica_loop:
             await self.replica_loop.release()  # a follower takes over now, not after the TTL
+        if self._lease_engine:
+            self._lease_engine.dispose()
         if self.engine:
             self.engine.dispose()
         if self._sole_lock:

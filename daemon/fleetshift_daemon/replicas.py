@@ -3,10 +3,11 @@
 The state machine is ``core.leadership.Leadership``; the SQL is ``store.lease_store``. Here
 they meet the event loop:
 
-- every ``renew_interval_s`` the leader renews (followers try to take an expired lease); each
-  attempt is bounded by the time the leader may still act, so a database that hangs cannot
-  keep a deposed leader acting: at the deadline it is deposed and ``on_deposed`` cancels the
-  executor's operations;
+- every ``renew_interval_s`` the leader renews (followers try to take an expired lease), on a
+  thread of its own with its own database connection, so a saturated event loop cannot make
+  it miss its deadline; each attempt is bounded by the time the leader may still act, so a
+  database that hangs cannot keep a deposed leader acting: at the deadline it is deposed and
+  ``on_deposed`` cancels the executor's operations;
 - while it follows, the daemon re-reads the registry, the worker table and the operation log
   every ``view_refresh_s`` (heartbeats reach every replica directly, so only what the leader
   decides comes through the database);
@@ -25,9 +26,11 @@ import fcntl
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -102,32 +105,76 @@ class ReplicaLoop:
         self._view_refresh_s = view_refresh_s
         self._monotonic = monotonic
         self.times = ReplicaTimes()
+        # Re-reads of the database run one at a time; ``_reads_started`` numbers them as they
+        # start and ``_reads_done`` is the number of the last one finished (catch_up's rule).
+        self._read_lock = asyncio.Lock()
+        self._reads_started = 0
+        self._reads_done = 0
+        self._lease_stop: threading.Event | None = None
+        self._lease_thread_handle: threading.Thread | None = None
 
     async def run_lease(self) -> None:
-        settings = self._leadership.settings
-        while True:
-            await self._apply(await self._attempt())
-            wait = settings.renew_interval_s
-            if self._leadership.leading:  # wake at the deadline if the next renewal is late
-                wait = min(wait, max(0.01, self._leadership.time_left()))
-            await asyncio.sleep(wait)
-            await self._apply(self._leadership.check())
+        """Drive the lease from a thread of its own and apply its transitions here, in order.
 
-    async def _attempt(self) -> Transition:
-        ld, settings = self._leadership, self._leadership.settings
-        started = self._monotonic()
-        token = ld.tenure_token
+        The renewals and their timing must not share this event loop: a loop saturated by Route
+        (or blocked by any long step) woke past its renew deadline and the leader deposed
+        itself while the database would gladly have renewed. The thread renews on its own
+        connection (``store``'s engine is the lease's alone) and updates the state machine,
+        whose deadline every action on this loop checks (``acting``/``token``); only what
+        follows a change of role (recovery, cancelling the executor) runs on this loop."""
+        loop = asyncio.get_running_loop()
+        transitions: asyncio.Queue[Transition] = asyncio.Queue()
+
+        def deliver(transition: Transition) -> None:
+            if transition is Transition.NONE:
+                return
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to stop
+                loop.call_soon_threadsafe(transitions.put_nowait, transition)
+
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._lease_thread, args=(stop, deliver), name="fleetshiftd lease", daemon=True
+        )
+        self._lease_stop, self._lease_thread_handle = stop, thread
+        thread.start()
         try:
-            if token is not None:
-                call = asyncio.to_thread(self._store.renew, ld.identity, token, settings.ttl_s)
-                limit = max(0.01, ld.time_left())
-            else:
-                call = asyncio.to_thread(
-                    self._store.acquire, ld.identity, ld.address, settings.ttl_s
-                )
-                limit = settings.renew_deadline_s
-            view = await asyncio.wait_for(call, limit)
-        except (TimeoutError, SQLAlchemyError, OSError) as err:
+            while True:
+                await self._apply(await transitions.get())
+        finally:
+            stop.set()
+
+    def _lease_thread(self, stop: threading.Event, deliver: Callable[[Transition], None]) -> None:
+        ld, settings = self._leadership, self._leadership.settings
+        # One worker: an attempt that hangs in the database is given up at the deadline (the
+        # leader stops acting then) and the next attempt queues behind it.
+        calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetshiftd lease db")
+        try:
+            while not stop.is_set():
+                deliver(self._attempt(calls))
+                wait = settings.renew_interval_s
+                if ld.leading:  # wake at the deadline if the next renewal is late
+                    wait = min(wait, max(0.01, ld.time_left()))
+                if stop.wait(wait):
+                    break
+                deliver(ld.check())
+        except Exception:  # never die silently: the deadline still stops the leader
+            log.exception("lease thread failed; this replica stops leading at its deadline")
+        finally:
+            calls.shutdown(wait=False, cancel_futures=True)
+
+    def _attempt(self, calls: ThreadPoolExecutor) -> Transition:
+        ld, settings = self._leadership, self._leadership.settings
+        started = self._monotonic()  # stamped before the call is queued: errs early, never late
+        token = ld.tenure_token
+        if token is not None:
+            call = calls.submit(self._store.renew, ld.identity, token, settings.ttl_s)
+            limit = max(0.01, ld.time_left())
+        else:
+            call = calls.submit(self._store.acquire, ld.identity, ld.address, settings.ttl_s)
+            limit = settings.renew_deadline_s
+        try:
+            view = call.result(timeout=limit)
+        except Exception as err:  # any failure is a missed renewal, never the thread's end
             log.warning("lease attempt failed: %s", err or type(err).__name__)
             return ld.failed()
         return ld.observed(view, started)
@@ -141,7 +188,7 @@ class ReplicaLoop:
                 "leadership: elected", extra={"token": ld.tenure_token, "replica": ld.identity}
             )
             try:
-                await asyncio.to_thread(self._refresh)  # the last leader's final writes
+                await self._read()  # the last leader's final writes
             except SQLAlchemyError:
                 log.exception("leadership: could not read the database after election")
             await self._on_elected()
@@ -159,13 +206,58 @@ class ReplicaLoop:
         while True:
             if not self._leadership.leading:
                 try:
-                    await asyncio.to_thread(self._refresh)
+                    await self._read()
                 except Exception:  # the view stays as it was; the next round tries again
                     log.exception("follower view refresh failed")
             await asyncio.sleep(self._view_refresh_s)
 
+    async def _read(self) -> None:
+        async with self._read_lock:
+            await self._read_locked()
+
+    async def _read_locked(self) -> None:
+        self._reads_started += 1
+        number = self._reads_started
+        await asyncio.to_thread(self._refresh)
+        self._reads_done = number
+
+    @property
+    def reads(self) -> int:
+        """The number of the last re-read of the database that finished (re-reads are
+        numbered as they start, so this counts the failed ones before it too)."""
+        return self._reads_done
+
+    async def catch_up(self) -> bool:
+        """A follower was asked for something its view lacks (Route for a served model with no
+        worker): re-read the database before answering no. Returns whether it re-read.
+
+        The view trails the leader's writes by up to ``view_refresh_s``, and a caller may
+        act on a write the leader has already acknowledged (StartWorker returned, then Route
+        reaches this replica): without this, Route answered NOT_FOUND for that gap. Only a
+        re-read that *started after this call arrived* can have seen such a write, so the
+        call waits for one; calls arriving while a re-read runs share the next, which bounds
+        the database work to one re-read at a time however many calls miss."""
+        if self._leadership.leading:
+            return False  # the leader's view is where its own writes land first
+        arrived_after = self._reads_started
+        async with self._read_lock:
+            if self._reads_done > arrived_after:
+                return True  # one that started after this call arrived has finished
+            try:
+                await self._read_locked()
+            except SQLAlchemyError:
+                log.exception("follower view catch-up failed")
+                return False
+        return True
+
     async def release(self) -> None:
-        """A graceful stop hands the lease over at once."""
+        """A graceful stop hands the lease over at once (the lease thread stops first, or it
+        could take the released lease back: ``acquire`` lets the holder re-take it)."""
+        if self._lease_stop is not None and self._lease_thread_handle is not None:
+            self._lease_stop.set()
+            await asyncio.to_thread(
+                self._lease_thread_handle.join, self._leadership.settings.renew_deadline_s
+            )
         token = self._leadership.tenure_token
         if token is None:
             return

@@ -144,6 +144,7 @@ def worker_report(msg: pb.WorkerStatus, where: str = "workers") -> WorkerReport:
         origin_snapshot=msg.origin_snapshot,
         counters=counters(msg.counters, msg.worker_id) if msg.HasField("counters") else None,
         sessions=tuple(msg.session_ids),
+        unread=tuple(msg.unread_session_ids),
         role_epoch=msg.role_epoch,
     )
 

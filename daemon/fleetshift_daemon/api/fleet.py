@@ -66,8 +66,9 @@ class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
         reports = [convert.worker_report(w, f"workers[{i}]") for i, w in enumerate(request.workers)]
         previous = self._registry.last_heartbeat(request.node_name)
         counters = [r.counters for r in reports if r.counters is not None]
-        node = self._registry.heartbeat(request.node_name, counters)
-        if self._workers is not None and not self._acting():
+        acting = self._acting()
+        node = self._registry.heartbeat(request.node_name, counters, record=acting)
+        if self._workers is not None and not acting:
             self._workers.observe(request.node_name, reports)  # the leader reconciles
         elif self._workers is not None:
             for worker_id in self._workers.reconcile(request.node_name, reports):

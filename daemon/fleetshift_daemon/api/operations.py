@@ -79,6 +79,7 @@ def step_pb(step: Step) -> pb.OperationStep:
         snapshot_id=step.snapshot_id,
         bytes_moved=step.bytes_moved,
         sessions_carried=step.sessions_carried,
+        sessions_kv_restored=step.sessions_kv_restored,
         max_session_pause_ms=step.max_session_pause_ms,
         started_at=convert.timestamp(step.started_at),
         finished_at=convert.timestamp(step.finished_at),

@@ -8,22 +8,33 @@ in-memory index), and its latency is recorded for the metrics endpoint.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from time import perf_counter
 
 import grpc
 
 from fleetshift.v1 import placement_pb2 as pb
 from fleetshift.v1 import placement_pb2_grpc as pb_grpc
-from fleetshift_common.errors import InvalidArgument
+from fleetshift_common.bounds import MAX_ROUTE_BATCH, check_items
+from fleetshift_common.errors import FleetShiftError, InvalidArgument, NotFound
 from fleetshift_daemon.api import convert
 from fleetshift_daemon.api.calibration import basis_pb
 from fleetshift_daemon.core.placement import EfficiencySample, PlacementService
 from fleetshift_daemon.core.plans import MoveKind, Plan
 from fleetshift_daemon.core.routing import RouteRequest, Slo
 from fleetshift_daemon.core.workers import WorkerTable
-from fleetshift_rpc.errors import rpc_errors
+from fleetshift_rpc.errors import rpc_errors, status_for
 from fleetshift_rpc.metrics import DaemonMetrics
+from fleetshift_rpc.route_stream import REPLICA_HEADER
 from fleetshift_rpc.server import ServiceBinding
+from fleetshift_rpc.validation import check_request
+
+log = logging.getLogger("fleetshift.daemon.placement")
+_REPLICA = f"{socket.gethostname()}:{os.getpid()}"  # this process, in RouteStream's headers
 
 MOVE_KIND_TO_PB = {
     MoveKind.ROLE_CHANGE: pb.MOVE_KIND_ROLE_CHANGE,
@@ -120,45 +131,169 @@ def plan_pb(plan: Plan, horizon_s: float, placement: PlacementService) -> pb.Pla
     return out
 
 
+def _refuse(answer: pb.RouteStreamAnswer, code: grpc.StatusCode, err: FleetShiftError) -> None:
+    answer.error.code = code.value[0]
+    answer.error.message = err.message
+    answer.error.field = err.field or ""
+
+
+async def no_catch_up() -> bool:
+    return False
+
+
 class PlacementServicer(pb_grpc.PlacementServicer):
-    def __init__(self, service: PlacementService, metrics: DaemonMetrics | None) -> None:
+    def __init__(
+        self,
+        service: PlacementService,
+        metrics: DaemonMetrics | None,
+        catch_up: Callable[[], Awaitable[bool]] = no_catch_up,
+    ) -> None:
         self._service = service
         self._metrics = metrics
+        self._catch_up = catch_up  # a follower re-reads the database (replicas.ReplicaLoop)
 
     @rpc_errors
     async def Route(
         self, request: pb.RouteRequest, context: grpc.aio.ServicerContext
     ) -> pb.RouteResponse:
         if self._metrics is None:
-            return self._route(request)
+            return await self._route_or_catch_up(request)
         with self._metrics.time_route():
+            return await self._route_or_catch_up(request)
+
+    async def _route_or_catch_up(self, request: pb.RouteRequest) -> pb.RouteResponse:
+        try:
+            return self._route(request)
+        except NotFound:
+            # A follower's view may trail a write the leader has acknowledged: answer "no
+            # worker" only after a re-read says so too (served models only: a caller naming
+            # models nobody configured costs no database work).
+            if request.model not in self._service.models or not await self._catch_up():
+                raise
             return self._route(request)
 
     def _route(self, request: pb.RouteRequest) -> pb.RouteResponse:
+        out = pb.RouteResponse()
+        self._route_into(request, out)
+        return out
+
+    def _route_into(self, request: pb.RouteRequest, r: pb.RouteResponse) -> None:
+        """Route ``request`` and write the answer into ``r``, field by field: on the stream
+        ``r`` is the answer's own submessage, so no RouteResponse is built and copied."""
         routed = self._service.route(route_request(request))
         d = routed.decision
         t = d.terms
-        return pb.RouteResponse(
-            worker_id=routed.worker.id,
-            endpoint=routed.worker.endpoint,
-            node_name=routed.worker.node,
-            decode_worker_id=routed.decode_worker.id if routed.decode_worker else "",
-            decode_endpoint=routed.decode_worker.endpoint if routed.decode_worker else "",
-            reason=d.reason,
-            terms=pb.ScoreTerms(
-                phase_fit=t.phase_fit,
-                latency=t.latency,
-                load=t.load,
-                kv_headroom=t.kv_headroom,
-                health=t.health,
-                affinity=t.affinity,
-                total=t.total,
-                predicted_ttft_ms=t.predicted_ttft_ms,
-                predicted_tbt_ms=t.predicted_tbt_ms,
-            ),
-            output_tokens=d.output_tokens,
-            output_estimated=d.output_estimated,
-        )
+        worker, decode = routed.worker, routed.decode_worker
+        r.worker_id = worker.id
+        r.endpoint = worker.endpoint
+        r.node_name = worker.node
+        if decode is not None:
+            r.decode_worker_id = decode.id
+            r.decode_endpoint = decode.endpoint
+        r.reason = d.reason
+        terms = r.terms
+        terms.phase_fit = t.phase_fit
+        terms.latency = t.latency
+        terms.load = t.load
+        terms.kv_headroom = t.kv_headroom
+        terms.health = t.health
+        terms.affinity = t.affinity
+        terms.total = t.total
+        terms.predicted_ttft_ms = t.predicted_ttft_ms
+        terms.predicted_tbt_ms = t.predicted_tbt_ms
+        r.output_tokens = d.output_tokens
+        r.output_estimated = d.output_estimated
+
+    async def RouteStream(
+        self,
+        requests: AsyncIterator[pb.RouteStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.RouteStreamResponse]:
+        """Route for each request of the stream, each answered as unary Route would answer
+        it; a message's requests are answered together, in order, in one message. A refused
+        request gets its error (the code Route would end with, the same message) and the stream
+        goes on: one bad request from a router must not cut off the requests queued behind it.
+        The stream saves gRPC's per-call work (a call's setup, headers, the interceptors'
+        per-call checks) and, batched, its per-message work, which cost more than routing.
+
+        The headers go out at once, before any answer: ``RouteClient`` writes nothing until it
+        has them, so it can tell this from a daemon without RouteStream (UNIMPLEMENTED)."""
+        await context.send_initial_metadata(((REPLICA_HEADER, _REPLICA),))
+        async for msg in requests:
+            out = pb.RouteStreamResponse()
+            answers = out.answers
+            try:
+                check_items("requests", len(msg.requests), MAX_ROUTE_BATCH)
+            except InvalidArgument as err:
+                for item in msg.requests:
+                    _refuse(answers.add(id=item.id), grpc.StatusCode.INVALID_ARGUMENT, err)
+                yield out
+                continue
+            for item in msg.requests:
+                answer = answers.add(id=item.id)
+                if not self._answer_now(item, answer):
+                    await self._stream_answer(item, answer)  # a follower's re-read first
+            yield out
+
+    def _answer_now(self, item: pb.RouteStreamItem, answer: pb.RouteStreamAnswer) -> bool:
+        """Answer ``item`` without awaiting anything (the hot path: no coroutine per request).
+        False, with nothing written or counted, when the model has no worker here yet and
+        the answer needs the awaited re-read of ``_stream_answer`` (a follower's view)."""
+        request = item.route
+        try:
+            check_request(request)
+        except FleetShiftError as err:
+            _refuse(answer, status_for(err), err)
+            return True
+        metrics = self._metrics
+        start = perf_counter()
+        try:
+            self._route_into(request, answer.route)
+        except NotFound as err:
+            if request.model in self._service.models:
+                answer.ClearField("route")
+                return False
+            self._count(metrics, start, ok=False)
+            _refuse(answer, status_for(err), err)
+            return True
+        except FleetShiftError as err:
+            self._count(metrics, start, ok=False)
+            answer.ClearField("route")
+            _refuse(answer, status_for(err), err)
+            return True
+        except Exception:
+            self._count(metrics, start, ok=False)
+            log.exception("unexpected error routing request %d of a RouteStream", item.id)
+            answer.ClearField("route")
+            answer.error.code = grpc.StatusCode.INTERNAL.value[0]
+            answer.error.message = "internal error in Route"
+            return True
+        self._count(metrics, start, ok=True)
+        return True
+
+    @staticmethod
+    def _count(metrics: DaemonMetrics | None, start: float, *, ok: bool) -> None:
+        """What ``metrics.time_route`` records, without its context manager's cost."""
+        if metrics is not None:
+            metrics.route_done(perf_counter() - start, ok=ok)
+
+    async def _stream_answer(self, item: pb.RouteStreamItem, answer: pb.RouteStreamAnswer) -> None:
+        try:
+            # The bounds the RequestBounds interceptor checks before a unary Route (it sees a
+            # stream's messages only as they come, so the check is made here, per request).
+            check_request(item.route)
+            if self._metrics is None:
+                routed = await self._route_or_catch_up(item.route)
+            else:
+                with self._metrics.time_route():
+                    routed = await self._route_or_catch_up(item.route)
+            answer.route.CopyFrom(routed)
+        except FleetShiftError as err:
+            _refuse(answer, status_for(err), err)
+        except Exception:
+            log.exception("unexpected error routing request %d of a RouteStream", item.id)
+            answer.error.code = grpc.StatusCode.INTERNAL.value[0]
+            answer.error.message = "internal error in Route"
 
     @rpc_errors
     async def PlaceWorker(
@@ -251,12 +386,15 @@ class PlanningServicer(pb_grpc.PlanningServicer):
 
 
 def bindings(
-    service: PlacementService, workers: WorkerTable, metrics: DaemonMetrics | None = None
+    service: PlacementService,
+    workers: WorkerTable,
+    metrics: DaemonMetrics | None = None,
+    catch_up: Callable[[], Awaitable[bool]] = no_catch_up,
 ) -> list[ServiceBinding]:
     return [
         ServiceBinding(
             pb_grpc.add_PlacementServicer_to_server,
-            PlacementServicer(service, metrics),
+            PlacementServicer(service, metrics, catch_up),
             pb.DESCRIPTOR.services_by_name["Placement"].full_name,
         ),
         ServiceBinding(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,10 +43,13 @@ from fleetshift_daemon.core.perf_factors import (
     EfficiencyFactors,
     shipped_factors,
 )
-from fleetshift_daemon.core.perfmodel import Dtype, ModelArch, PerfModel
-
-# config.json torch_dtype -> the dtype the model's weights and compute run at
-TORCH_DTYPES = {"float16": Dtype.BF16, "bfloat16": Dtype.BF16, "float32": Dtype.FP32}
+from fleetshift_daemon.core.perfmodel import (
+    Dtype,
+    ModelArch,
+    PerfModel,
+    dtype_of_config,
+    is_cpu_kind,
+)
 
 
 @dataclass(frozen=True)
@@ -103,15 +106,13 @@ def read_profile(spec: str) -> Profile:
         raise InvalidArgument(
             f"{config_path}:{_line_of(text, key)}: {key}: {err.message}", field=key
         ) from None
-    raw_dtype = cfg.get("torch_dtype", "bfloat16")
-    dtype = TORCH_DTYPES.get(str(raw_dtype))
-    if dtype is None:
-        line = _line_of(text, "torch_dtype")
-        known = sorted(TORCH_DTYPES)
+    try:
+        dtype = dtype_of_config(cfg)
+    except FleetShiftError as err:
+        key = err.field or "torch_dtype"
         raise InvalidArgument(
-            f"{config_path}:{line}: torch_dtype: {raw_dtype!r} is not one of {known}",
-            field="torch_dtype",
-        )
+            f"{config_path}:{_line_of(text, key)}: {err.message}", field=key
+        ) from None
     return Profile(csv_path, config_path, arch, dtype, rows)
 
 
@@ -132,20 +133,32 @@ class Report:
         return at_bounds(self.factors.for_kind(kind), self.moved[kind])
 
 
+def _cpu_aliases(fitted: Mapping[str, object], check_kinds: Iterable[str]) -> dict[str, str]:
+    """A CPU kind checked but not fitted -> the first fitted CPU kind: on a CPU the factors are
+    the reference engine's, stated at an idle core (``perfmodel.EngineShape.host_tflops``),
+    and each profile's own measured peaks carry its host's speed; GPU factors never apply."""
+    cpus = [k for k in fitted if is_cpu_kind(k)]
+    if not cpus:
+        return {}
+    return {k: cpus[0] for k in check_kinds if is_cpu_kind(k) and k not in fitted}
+
+
 def calibrate(fits: Sequence[Profile], check: Profile) -> Report:
     """Fit on ``fits`` (none: the shipped factors), predict ``check``; the use case."""
     shipped = shipped_factors()
     fitted = fit_rows([r for p in fits for r in p.as_rows()]).per_kind if fits else {}
+    kinds = {m.kind.name: m.hardware for m in check.rows}
+    cpus = _cpu_aliases(fitted, kinds)
     factors = EfficiencyFactors(
-        per_kind={**shipped.per_kind, **fitted}, aliases=dict(SHIPPED_ALIASES)
+        per_kind={**shipped.per_kind, **fitted}, aliases={**SHIPPED_ALIASES, **cpus}
     )
     model = PerfModel(factors)
     kept, aside = screened(check.rows)
     errors = summarize(signed_errors(model, check.as_rows(kept)))
     tuning = [r for p in fits for r in p.as_rows(screened(p.rows)[0])]
     in_sample = summarize(signed_errors(model, tuning)) if tuning else []
-    kinds = {m.kind.name: m.hardware for m in check.rows}
     source = {k: "fit" if k in fitted else f"shipped:{shipped.source_of(k)}" for k in kinds}
+    source |= {k: f"fit:{base}" for k, base in cpus.items()}
     moved = {
         k: fitted_names([r for r in tuning if r.m.kind.name == k])
         for k in {r.m.kind.name for r in tuning}

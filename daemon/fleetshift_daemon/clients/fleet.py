@@ -208,11 +208,12 @@ class GrpcFleetClient:
 
     async def import_session(
         self, worker: WorkerRef, blob: bytes, *, delta_for: str = "", staged: bool = False
-    ) -> None:
+    ) -> bool:
         request = worker_pb2.ImportSessionRequest(blob=blob, delta_for=delta_for, staged=staged)
-        await _worker_call(
+        reply = await _worker_call(
             worker, lambda: self._worker(worker).ImportSession(request, timeout=RPC_TIMEOUT_S)
         )
+        return bool(reply.kv_restored)
 
     async def cancel_session(self, worker: WorkerRef, session_id: str) -> None:
         await _worker_call(

@@ -5,16 +5,18 @@ Each GPU kind's factors are fitted by least squares on the log of predicted/meas
 few odd rows cannot drag the fit, inside the factors' physical bounds
 (``perf_factors.FACTOR_BOUNDS``), and with each factor's prior (``perf_factors.PRIORS``) as
 one more residual: a departure of one prior width costs as much as one row ``PRIOR_WEIGHT``
-off, so where the rows tell two factors apart the rows decide, and where they cannot (a link
-latency against a stack's per-worker time) the prior does instead of chance. Configurations
+off, so where the rows tell two factors apart the rows decide, and where they cannot (a
+Python engine's per-row dispatch against its per-token compute) the prior does instead of
+chance. A factor no profile can move at all (the link's per-hop latency against a stack's
+per-worker time) is not fitted: ``perf_factors.FIXED_FACTORS``. Configurations
 whose run did not hold its batch are set aside first (``measurements.inconsistent``). The
 long-pass threshold is a kink least squares cannot move, so it is chosen from
 ``LONG_PASS_GRID`` on the fitting data.
 
 Only what the rows can move is fitted (``fitted_names``): link and per-worker factors need
-rows at TP > 1, the long-pass slowdown is a GPU serving stack's, a Python engine's per-row
-dispatch is the reference engine's (a CPU kind); the rest keep their start (or prior) values
-and are not reported as fitted.
+rows at TP > 1, the long-pass slowdown and the eager per-layer prefill time are a GPU serving
+stack's, a Python engine's per-row dispatch is the reference engine's (a CPU kind); the rest
+keep their start values and are not reported as fitted.
 
 Rows of several models (each with its architecture) can be fitted together: the factors are
 hardware and engine properties, so one set per kind must describe every model measured there.
@@ -54,6 +56,7 @@ from fleetshift_daemon.core.measurements import (
 )
 from fleetshift_daemon.core.perf_factors import (
     FACTOR_BOUNDS,
+    FIXED_FACTORS,
     PRIORS,
     SHIPPED_ALIASES,
     CalibrationKey,
@@ -90,7 +93,6 @@ CAPPED: dict[str, str] = {"H100-SXM-PCAP70": "H100-SXM"}
 FITTED = (
     "gemm_eff",
     "bw_eff",
-    "link_latency_s",
     "link_eff",
     "step_overhead_s",
     "worker_overhead_s",
@@ -98,15 +100,15 @@ FITTED = (
     "prefill_seq_overhead_s",
     "long_pass_token_s",
     "layer_row_s",
+    "prefill_layer_s",
 )
-LINK = ("link_latency_s", "link_eff", "worker_overhead_s")
+LINK = ("link_eff", "worker_overhead_s")
 # a prior's residual: one width off costs as much as one row this far off in log time (5 %)
 PRIOR_WEIGHT = 0.05
 # where a fit starts: mid-range fractions, times of the order a serving stack shows
 START: dict[str, float] = {
     "gemm_eff": 0.6,
     "bw_eff": 0.8,
-    "link_latency_s": 3e-6,
     "link_eff": 0.5,
     "step_overhead_s": 0.01,
     "seq_overhead_s": 1e-4,
@@ -114,6 +116,7 @@ START: dict[str, float] = {
     "long_pass_token_s": 5e-5,
     "worker_overhead_s": 1e-3,
     "layer_row_s": 7.5e-5,
+    "prefill_layer_s": 1e-4,
 }
 LONG_PASS_GRID: tuple[float, ...] = (1024.0, 1536.0, 2048.0, 3072.0, 4096.0)
 
@@ -153,7 +156,7 @@ def factor_names(kind: GpuKind, multi_gpu: bool) -> tuple[str, ...]:
     """The factors rows of ``kind`` can move (at TP > 1 when ``multi_gpu``): the module doc."""
     reference = engine_shape(kind) == REFERENCE_CPU_ENGINE
     skip = set() if multi_gpu else set(LINK)
-    skip |= {"long_pass_token_s"} if reference else {"layer_row_s"}
+    skip |= {"long_pass_token_s", "prefill_layer_s"} if reference else {"layer_row_s"}
     return tuple(n for n in FITTED if n not in skip)
 
 
@@ -165,8 +168,8 @@ def fitted_names(rows: Sequence[Row]) -> tuple[str, ...]:
 def _kind_factors(
     names: Sequence[str], x: Sequence[float], knee: float, scale: float = 1.0
 ) -> KindFactors:
-    values = {n: START[n] for n in FITTED}
-    values.update({"layer_row_s": 0.0, "long_pass_token_s": 0.0})
+    values = {n: START[n] for n in FITTED} | dict(FIXED_FACTORS)
+    values.update({"layer_row_s": 0.0, "long_pass_token_s": 0.0, "prefill_layer_s": 0.0})
     values.update({name: float(v) for name, v in zip(names, x, strict=True)})
     knee = knee if values["long_pass_token_s"] > 0 else 0.0
     return KindFactors(**values, long_pass_tokens=knee, compute_scale=scale)
@@ -210,14 +213,38 @@ class _Features:
         co = [_coefficients(d, factors[d.gpu.name]) for d in self.deps]
         c = {
             name: np.array([getattr(x, name) for x in co])[self.index]
-            for name in ("p0", "p_tok", "p_sq", "p_seq", "d0", "d_seq", "d_ctx", "p_min")
+            for name in (
+                "p0",
+                "p_tok",
+                "p_sq",
+                "p_seq",
+                "d0",
+                "d_seq",
+                "d_ctx",
+                "p_min",
+                "p_row",
+                "p_head",
+                "d_row",
+                "p_stall",
+                "p_head_stall",
+                "d_stall",
+            )
         }
         knee = np.array([x.knee_tokens for x in co])[self.index]
         p_knee = np.array([x.p_knee for x in co])[self.index]
+        chunk = np.array([x.row_chunk for x in co], dtype=float)[self.index]
+        per = np.maximum(chunk, 1.0)  # chunked(n): n up to whole chunks (0 where unchunked)
         beyond = np.where(self.total > knee, self.total - np.minimum(knee, self.total), 0.0)
         prefill = c["p0"] + c["p_tok"] * self.total + c["p_sq"] * self.sum_sq
+        prefill += c["p_row"] * np.ceil(self.total / per) * chunk
+        prefill += c["p_head"] * np.ceil(self.n_seqs / per) * chunk
+        prefill += c["p_stall"] * np.ceil(self.total / per) + c["p_head_stall"] * np.ceil(
+            self.n_seqs / per
+        )
         prefill = np.maximum(prefill + c["p_seq"] * self.n_seqs + p_knee * beyond, c["p_min"])
         decode = c["d0"] + c["d_seq"] * self.n_seqs + c["d_ctx"] * self.ctx
+        decode += c["d_row"] * np.ceil(self.n_seqs / per) * chunk
+        decode += c["d_stall"] * np.maximum(np.ceil(self.n_seqs / per) - 1, 0.0)
         return np.asarray(np.where(self.prefill, prefill, decode))
 
 
@@ -381,18 +408,32 @@ def fit_errors(
 
 
 def format_factors(per_kind: Mapping[str, KindFactors]) -> str:
+    """``perf_factors.SHIPPED_FACTORS`` as Python: a capped kind (``CAPPED``) as its base
+    kind's factors with its own ``compute_scale``, since that is all a joint fit gives it."""
     lines = ["SHIPPED_FACTORS: dict[str, KindFactors] = {"]
+    capped = {k: b for k, b in CAPPED.items() if k in per_kind and b in per_kind}
     for name, kf in per_kind.items():
+        if name in capped:
+            continue
         lines.append(f'    "{name}": KindFactors(')
         for f in fields(KindFactors):
             value = getattr(kf, f.name)
             value = 0.0 if abs(value) < 1e-12 else value
-            if value == f.default and f.name in ("compute_scale", "layer_row_s"):
-                continue  # at its default: 1.0 (no power cap), 0 (not a Python engine)
-            lines.append(f"        {f.name}={float(f'{value:.4g}')!r},")
+            if value == f.default:
+                continue  # at its default: no power cap, not a Python engine, no slowdown...
+            lines.append(f"        {f.name}={_short(value)},")
         lines.append("    ),")
     lines.append("}")
+    for name, base in capped.items():
+        scale = _short(per_kind[name].compute_scale)
+        lines.append(
+            f'SHIPPED_FACTORS["{name}"] = replace(SHIPPED_FACTORS["{base}"], compute_scale={scale})'
+        )
     return "\n".join(lines)
+
+
+def _short(value: float) -> str:
+    return repr(float(f"{value:.4g}"))
 
 
 def at_bounds(kf: KindFactors, names: Sequence[str] = FITTED) -> list[str]:

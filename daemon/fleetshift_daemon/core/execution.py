@@ -462,9 +462,9 @@ class Executor:
 
     async def _reserve(self, op_id: str, step: Step, source: WorkerRecord) -> Step:
         new_id = f"w-{uuid.uuid4().hex[:10]}"
-        await in_thread(
-            self._workers.update, source.id, state=WorkerState.DRAINING, operation_id=op_id
-        )
+        # Owned by the step, but still serving: it takes new sessions while its target starts
+        # (tens of seconds for a cold start), and stops only before its sessions are listed.
+        await in_thread(self._workers.update, source.id, operation_id=op_id)
         target = WorkerRecord(
             id=new_id,
             node=step.target_node,
@@ -527,24 +527,31 @@ class Executor:
         failure before it still rolls back to a source that lost nothing."""
         src = _ref(source)
         dst = _ref(self._workers.get(step.new_worker_id))
+        # From here the source takes no new session: Route skips it, and the worker refuses
+        # one routed just before (UNAVAILABLE: the client routes again), so every session it
+        # holds is in the lists below.
+        await in_thread(self._workers.update, source.id, state=WorkerState.DRAINING)
+        await self._fleet.set_draining(src, True)
         bases: dict[str, int] = {}
         moved_bytes = 0
         if warm:  # a cold target recomputes the context anyway: pre-copy would not shorten it
             bases, moved_bytes = await self._precopy(src, dst)
+        with_kv = warm or self._kv_by_connector(source)
         paused_at = self._monotonic()
         await self._fleet.pause(src)
         step = await self._phase(op_id, step, P.SOURCE_PAUSED)
         moved = []
+        kv_restored = 0
         for session_id in await self._fleet.session_ids(src):
             base = bases.get(session_id)
             try:
                 exported = await self._fleet.export_session(
-                    src, session_id, with_kv=warm, from_token=base or 0
+                    src, session_id, with_kv=with_kv, from_token=base or 0
                 )
             except SessionEnded:
                 continue  # finished meanwhile: nothing to carry (its held copy dies with it)
             delta_for = session_id if base is not None else ""
-            await self._fleet.import_session(dst, exported.blob, delta_for=delta_for)
+            kv_restored += await self._fleet.import_session(dst, exported.blob, delta_for=delta_for)
             moved.append(session_id)
             moved_bytes += len(exported.blob)
         pause_ms = (self._monotonic() - paused_at) * 1000
@@ -554,9 +561,17 @@ class Executor:
             step,
             P.SESSIONS_COPIED,
             sessions_carried=len(moved),
+            sessions_kv_restored=kv_restored,
             bytes_moved=step.bytes_moved + moved_bytes,
             max_session_pause_ms=pause_ms,
         )
+
+    def _kv_by_connector(self, source: WorkerRecord) -> bool:
+        """A vLLM worker's cold move still offers each session's KV: vLLM's KV connector
+        carries it to the fresh target, which takes it only where its compatibility key
+        matches the source's and says per session whether it did (kv_restored)."""
+        served = self._placement.models.get(source.spec.model)
+        return served is not None and served.engine == "vllm"
 
     async def _precopy(self, src: WorkerRef, dst: WorkerRef) -> tuple[dict[str, int], int]:
         """Copy each live session with its KV to the target as a held (staged) copy, then
@@ -651,7 +666,7 @@ class Executor:
         if source is not None and source.operation_id != op_id:
             source = None  # the step never took it (a failed check, or another operation's)
         if source is not None:
-            if step.kind is StepKind.RETIRE and source.endpoint:  # take new sessions again
+            if step.kind is not StepKind.ROLE_CHANGE and source.endpoint:  # take sessions again
                 with contextlib.suppress(FleetShiftError):
                     await self._fleet.set_draining(_ref(source), False)
             if step.phase.rank >= P.TARGET_STARTED.rank:

@@ -113,7 +113,10 @@ class FleetClient(Protocol):
 
     async def import_session(
         self, worker: WorkerRef, blob: bytes, *, delta_for: str = "", staged: bool = False
-    ) -> None: ...
+    ) -> bool:
+        """Start (or stage) a session on ``worker``; whether it restored the KV the blob
+        carried (False: it recomputes the context from the session's token history)."""
+        ...
 
     async def cancel_session(self, worker: WorkerRef, session_id: str) -> None: ...
 

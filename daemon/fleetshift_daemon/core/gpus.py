@@ -40,6 +40,10 @@ class GpuKind:
     price_per_hour: float
     exclude_patterns: tuple[str, ...] = ()
     pcie_gbps: float = 64.0
+    # A CPU kind's cache private to one core (its L2), MiB: weights larger than this are read
+    # from memory again by every chunk of rows the reference engine multiplies. 0: not known,
+    # nothing is taken to stay cached. GPU kinds: unused.
+    core_cache_mb: float = 0.0
 
     @property
     def hbm_bytes(self) -> int:
@@ -63,8 +67,10 @@ class GpuKind:
         return max((len(p) for p in self.product_patterns if p.lower() in lowered), default=0)
 
 
+PRODUCT_CACHE = 4096  # distinct product names remembered by a catalogue
+
 _POSITIVE_FIELDS = ("bf16_tflops", "int8_tops", "hbm_gb", "hbm_tbps", "tdp_w")
-_NON_NEGATIVE_FIELDS = ("nvlink_gbps", "price_per_hour", "pcie_gbps")
+_NON_NEGATIVE_FIELDS = ("nvlink_gbps", "price_per_hour", "pcie_gbps", "core_cache_mb")
 
 
 def _validate(kind: GpuKind, where: str) -> GpuKind:
@@ -149,6 +155,7 @@ class GpuCatalogue:
                     f"gpu kind {kind.name!r} declared twice", field=f"gpu[{kind.name}].name"
                 )
             self._by_name[kind.name] = kind
+        self._by_product: dict[str, GpuKind | None] = {}
 
     def get(self, name: str) -> GpuKind:
         try:
@@ -160,6 +167,20 @@ class GpuCatalogue:
             ) from None
 
     def for_product(self, product_name: str) -> GpuKind | None:
+        """The kind whose pattern matches ``product_name`` longest. Remembered per product
+        name (a catalogue never changes; ``extended`` makes a new one): the daemon asks for
+        every GPU of the fleet on each liveness sweep and index rebuild, and matching every
+        pattern of every kind took most of a loaded core at 1,000 nodes (8,000 GPUs)."""
+        try:
+            return self._by_product[product_name]
+        except KeyError:
+            pass
+        best = self._match(product_name)
+        if len(self._by_product) < PRODUCT_CACHE:  # names come from agents: bounded memory
+            self._by_product[product_name] = best
+        return best
+
+    def _match(self, product_name: str) -> GpuKind | None:
         best: GpuKind | None = None
         best_len = 0
         for kind in self._by_name.values():

@@ -15,11 +15,17 @@ the rate difference of two clocks and the time this process needs to cancel its 
 
 This module is the state machine only: the caller runs the loop, talks to the store and is
 told by each method whether this replica was elected or deposed. The clock is injected.
+
+The lease is driven from a thread of its own (``replicas.ReplicaLoop``) while the event loop
+asks ``acting``/``token`` before every action, so the state is read and changed under a lock:
+a reader sees a token together with the deadline that belongs to it, never one without the
+other, and only one caller is told DEPOSED for a tenure.
 """
 
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -77,13 +83,15 @@ class Leadership:
         self._monotonic = monotonic
         self._token: int | None = None  # set while this replica leads
         self._acting_until = 0.0
+        self._lock = threading.Lock()  # the lease thread writes, the event loop reads
         self.leader_identity = ""
         self.leader_address = ""
 
     # -- reading ------------------------------------------------------------------------------
     def acting(self) -> bool:
         """True while this replica leads and its local deadline has not passed."""
-        return self._token is not None and self._monotonic() < self._acting_until
+        with self._lock:
+            return self._token is not None and self._monotonic() < self._acting_until
 
     @property
     def leading(self) -> bool:
@@ -98,7 +106,10 @@ class Leadership:
 
     def token(self) -> int | None:
         """The fencing token to write with, or None when this replica must not write."""
-        return self._token if self.acting() else None
+        with self._lock:
+            if self._token is not None and self._monotonic() < self._acting_until:
+                return self._token
+            return None
 
     def require_token(self) -> int:
         token = self.token()
@@ -111,13 +122,18 @@ class Leadership:
 
     def time_left(self) -> float:
         """Seconds this replica may still act (0 when it does not lead)."""
-        if self._token is None:
-            return 0.0
-        return max(0.0, self._acting_until - self._monotonic())
+        with self._lock:
+            if self._token is None:
+                return 0.0
+            return max(0.0, self._acting_until - self._monotonic())
 
     # -- driving ------------------------------------------------------------------------------
     def observed(self, view: LeaseView, attempt_started: float) -> Transition:
         """The store's answer to an attempt stamped ``attempt_started`` (monotonic)."""
+        with self._lock:
+            return self._observed(view, attempt_started)
+
+    def _observed(self, view: LeaseView, attempt_started: float) -> Transition:
         self.leader_identity, self.leader_address = view.holder, view.address
         if not view.held_by_me:
             return self._depose() if self._token is not None else Transition.NONE
@@ -132,8 +148,9 @@ class Leadership:
 
     def lead_for_good(self, view: LeaseView) -> Transition:
         """The sole daemon of an embedded (SQLite) database: it leads until it stops."""
-        self.leader_identity, self.leader_address = view.holder, view.address
-        self._token, self._acting_until = view.token, float("inf")
+        with self._lock:
+            self.leader_identity, self.leader_address = view.holder, view.address
+            self._token, self._acting_until = view.token, float("inf")
         return Transition.ELECTED
 
     def failed(self) -> Transition:
@@ -142,6 +159,10 @@ class Leadership:
 
     def check(self) -> Transition:
         """Depose this replica once its local deadline has passed."""
+        with self._lock:
+            return self._check()
+
+    def _check(self) -> Transition:
         if self._token is not None and self._monotonic() >= self._acting_until:
             return self._depose()
         return Transition.NONE

@@ -11,6 +11,18 @@ any catalogue kind's own name (``H200-SXM``), or ``cpu``/``cpu-<model>`` for a p
 reference engine on a CPU, which is labelled as such and never as a GPU kind. A CPU profile
 written by ``fleetshift profile`` has a JSON sidecar beside it (``OUT.json``) with the peaks it
 measured on that host; those are the CPU kind's figures, else ``CPU_HOST``'s nominal ones.
+
+A shared host's speed moves under a sweep, so ``fleetshift profile`` also writes, after the
+reference columns, the speed of a short reference matmul and copy timed around each run
+(``HOST_COLUMNS``). Where a CPU row carries them, its kind's compute and bandwidth peaks are
+the sidecar's scaled by the row's probe over the same probe's figure at the start (the
+sidecar's ``probe_*``); where not, the sidecar's single figure stands. The columns are
+optional, and ignored on GPU rows (the probe times the profiler's CPU, not a GPU).
+
+A probe between runs samples the host, not what the worker got over a run, so a sweep that
+found the local worker's process also writes its CPU seconds over each run's wall time
+(``SHARE_COLUMN``), and its sidecar the core's rates per CPU second (``cpu_*``); where both
+are there, a row's peaks are those rates times the row's share, and the probes are not used.
 """
 
 from __future__ import annotations
@@ -74,6 +86,24 @@ REQUIRED_COLUMNS = (
 )
 
 
+HOST_COLUMNS = ("host_matmul_gflops", "host_copy_gbps")
+# The worker process's CPU seconds over the run's wall time: the share of a core it got.
+SHARE_COLUMN = "worker_cpu_share"
+
+
+@dataclass(frozen=True)
+class HostSpeed:
+    """A run's host speed, as ``HOST_COLUMNS`` and ``SHARE_COLUMN`` record it (None: not in
+    the file)."""
+
+    matmul_gflops: float | None = None
+    copy_gbps: float | None = None
+    cpu_share: float | None = None
+
+
+UNPROBED = HostSpeed()
+
+
 def hardware_kind(name: str, where: str = "hardware") -> GpuKind:
     """The kind a hardware name denotes; an unknown one is refused with the names known."""
     kind = HARDWARE_KINDS.get(name) or _BY_KIND_NAME.get(name)
@@ -107,7 +137,11 @@ _VALUE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def cpu_kind(
-    hardware: str, peaks: Mapping[str, object], memory_gb: float, dtype: str = "float32"
+    hardware: str,
+    peaks: Mapping[str, object],
+    memory_gb: float,
+    dtype: str = "float32",
+    core_cache_mb: float = 0.0,
 ) -> GpuKind:
     """A CPU as a hardware kind: the peaks ``fleetshift profile`` measured on it, never invented.
 
@@ -117,7 +151,8 @@ def cpu_kind(
     and runs its matmuls at half the kind's ``bf16_tflops``; so a float32 matmul rate is doubled
     into that field, and the copy rate is the bytes/s the host moved, as measured. A CPU worker
     is one socket: no interconnect counts. A peak that is missing or not a positive number is
-    refused, naming it.
+    refused, naming it. ``core_cache_mb``: the cache private to one core, as the sidecar's
+    ``host.core_cache_mb`` recorded it (0: not recorded, nothing taken to stay cached).
     """
     rates = {}
     for key in ("matmul_tflops", "copy_gbps"):
@@ -137,23 +172,85 @@ def cpu_kind(
         int8_tops=tflops,
         hbm_tbps=rates["copy_gbps"] / 1e3,
         hbm_gb=memory_gb,
+        core_cache_mb=core_cache_mb,
     )
 
 
-def cpu_kind_from_sidecar(hardware: str, sidecar: Path) -> GpuKind:
-    """``cpu_kind`` of the peaks a profile's JSON sidecar (``OUT.json``) recorded.
+@dataclass(frozen=True)
+class _CpuHost:
+    """What a CPU profile's sidecar says of its host: the peaks, and the probe at the start."""
+
+    peaks: Mapping[str, object] | None  # None: no usable sidecar
+    memory_gb: float
+    dtype: str
+    core_cache_mb: float = 0.0
+
+    @classmethod
+    def read(cls, hardware: str, sidecar: Path) -> _CpuHost:
+        try:
+            data = json.loads(sidecar.read_text())
+            host = data["host"]
+            peaks = dict(host["measured_peaks"])
+            memory = float(host.get("memory_gb", CPU_HOST.hbm_gb))
+            dtype = str(data.get("worker", {}).get("dtype", "float32"))
+            cache = _positive(host.get("core_cache_mb"))
+            cpu_kind(hardware, peaks, memory, dtype)  # usable?
+            return cls(peaks, memory, dtype, cache)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, InvalidArgument):
+            return cls(None, CPU_HOST.hbm_gb, "float32")
+
+    def kind(self, hardware: str, speed: HostSpeed = UNPROBED) -> GpuKind:
+        if self.peaks is None and speed == UNPROBED:
+            return dataclasses.replace(
+                CPU_HOST, name=CPU_HOST.name if hardware == "cpu" else hardware
+            )
+        nominal = {"matmul_tflops": CPU_HOST.bf16_tflops / 2, "copy_gbps": CPU_HOST.hbm_tbps * 1e3}
+        peaks = scaled_peaks(self.peaks or nominal, speed)
+        return cpu_kind(hardware, peaks, self.memory_gb, self.dtype, self.core_cache_mb)
+
+
+def _positive(value: object) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    number = float(value) if ok else 0.0  # type: ignore[arg-type]
+    return number if math.isfinite(number) and number > 0 else 0.0
+
+
+def scaled_peaks(peaks: Mapping[str, object], speed: HostSpeed) -> dict[str, object]:
+    """``peaks`` at a row's host speed.
+
+    Where the row carries the worker's CPU share and the sidecar the core's rates per CPU
+    second (``cpu_matmul_tflops``/``cpu_copy_gbps``): those rates times the share, the rate
+    the worker itself had over that run (a probe between runs samples the host, not what
+    the worker got). Else each peak times the row's probe over the probe at the start (the
+    sidecar's ``probe_matmul_gflops``/``probe_copy_gbps``); a sidecar without the start's
+    probe: the row's probe figure is taken as the peak itself."""
+    out = dict(peaks)
+    per_cpu = [_positive(peaks.get(k)) for k in ("cpu_matmul_tflops", "cpu_copy_gbps")]
+    if speed.cpu_share is not None and all(per_cpu):
+        out["matmul_tflops"] = per_cpu[0] * speed.cpu_share
+        out["copy_gbps"] = per_cpu[1] * speed.cpu_share
+        return out
+    for peak, probe, row, unit in (
+        ("matmul_tflops", "probe_matmul_gflops", speed.matmul_gflops, 1e3),
+        ("copy_gbps", "probe_copy_gbps", speed.copy_gbps, 1.0),
+    ):
+        if row is None:
+            continue
+        start = _positive(peaks.get(probe))
+        base = _positive(peaks.get(peak))
+        out[peak] = base * row / start if start and base else row / unit
+    return out
+
+
+def cpu_kind_from_sidecar(hardware: str, sidecar: Path, speed: HostSpeed = UNPROBED) -> GpuKind:
+    """``cpu_kind`` of the peaks a profile's JSON sidecar (``OUT.json``) recorded, at a row's
+    host ``speed`` where the row carries one (``scaled_peaks``).
 
     Without a readable sidecar, or with unusable peaks: ``CPU_HOST``'s nominal figures under
-    the profile's name (a hand-written CSV still loads; its kind says it was not measured).
+    the profile's name (a hand-written CSV still loads; its kind says it was not measured), or
+    the row's own probe figures where it carries them.
     """
-    try:
-        data = json.loads(sidecar.read_text())
-        host = data["host"]
-        memory = float(host.get("memory_gb", CPU_HOST.hbm_gb))
-        dtype = str(data.get("worker", {}).get("dtype", "float32"))
-        return cpu_kind(hardware, host["measured_peaks"], memory, dtype)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, InvalidArgument):
-        return dataclasses.replace(CPU_HOST, name=CPU_HOST.name if hardware == "cpu" else hardware)
+    return _CpuHost.read(hardware, sidecar).kind(hardware, speed)
 
 
 def _int_field(row: Mapping[str, str], key: str, where: str) -> int:
@@ -182,12 +279,52 @@ def _ms_field(row: Mapping[str, str], key: str, where: str) -> float:
     return value / 1e3
 
 
+def _speed_field(row: Mapping[str, str | None], key: str, where: str) -> float | None:
+    raw = (row.get(key) or "").strip()
+    if not raw:
+        return None  # the column is optional, and so is its value on a row
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidArgument(f"{where}: {key} must be a number, got {raw!r}", field=key) from None
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidArgument(f"{where}: {key} must be a positive rate, got {raw}", field=key)
+    return value
+
+
+def _host_speed(row: Mapping[str, str | None], where: str) -> HostSpeed:
+    mm, cp = (_speed_field(row, k, where) for k in HOST_COLUMNS)
+    return HostSpeed(mm, cp, _speed_field(row, SHARE_COLUMN, where))
+
+
+_Run = tuple[float, HostSpeed]  # a repeat's time and the host's speed around it
+
+
+def _median_run(runs: Sequence[_Run]) -> _Run:
+    """The median time, with the host speed of the run(s) that took it: a time is paired with
+    the speed it ran at (for an even count, the two middle runs' mean time and mean speeds)."""
+    ordered = sorted(runs, key=lambda r: r[0])
+    mid = len(ordered) // 2
+    middle = ordered[mid : mid + 1] if len(ordered) % 2 else ordered[mid - 1 : mid + 1]
+    seconds = statistics.fmean(r[0] for r in middle)
+
+    def mean(values: list[float | None]) -> float | None:
+        return None if None in values else statistics.fmean(v for v in values if v is not None)
+
+    speed = HostSpeed(
+        mean([r[1].matmul_gflops for r in middle]),
+        mean([r[1].copy_gbps for r in middle]),
+        mean([r[1].cpu_share for r in middle]),
+    )
+    return seconds, speed
+
+
 def load_measurements(path: Path) -> list[Measurement]:
     """Medians per configuration; a missing column or a bad value names file, line and field."""
-    prefill: dict[tuple[str, int, int, int], list[float]] = defaultdict(list)
-    decode: dict[tuple[str, int, int, int, int], list[float]] = defaultdict(list)
+    prefill: dict[tuple[str, int, int, int], list[_Run]] = defaultdict(list)
+    decode: dict[tuple[str, int, int, int, int], list[_Run]] = defaultdict(list)
     models: set[str] = set()
-    kinds: dict[str, GpuKind] = {}  # CPUs, which no catalogue holds
+    hosts: dict[str, _CpuHost] = {}  # CPUs, which no catalogue holds
     try:
         fh = path.open(newline="")
     except OSError as err:
@@ -200,30 +337,37 @@ def load_measurements(path: Path) -> list[Measurement]:
         for line, row in enumerate(reader, start=2):
             where = f"{path}:{line}"
             hw = (row.get("hardware") or "").strip()
+            speed = _host_speed(row, where)
             if hw.lower().startswith("cpu"):
-                kinds.setdefault(hw, cpu_kind_from_sidecar(hw, path.with_suffix(".json")))
+                if hw not in hosts:
+                    hosts[hw] = _CpuHost.read(hw, path.with_suffix(".json"))
             else:
                 hardware_kind(hw, where)
+                speed = UNPROBED  # the probe times the profiler's CPU, never a GPU
             models.add((row.get("model") or "").strip())
             tp, p, b, t = (
                 _int_field(row, k, where)
                 for k in ("tensor_parallel", "prompt_size", "batch_size", "token_size")
             )
-            prefill[(hw, tp, p, b)].append(_ms_field(row, "prompt_time", where))
-            decode[(hw, tp, p, b, t)].append(_ms_field(row, "token_time", where))
+            prefill[(hw, tp, p, b)].append((_ms_field(row, "prompt_time", where), speed))
+            decode[(hw, tp, p, b, t)].append((_ms_field(row, "token_time", where), speed))
     if not decode:
         raise InvalidArgument(f"{path}: no measurements", field="path")
     if len(models) > 1:
         raise InvalidArgument(f"{path}: one model per file, found {sorted(models)}", field="model")
     model = models.pop()
-    out = [
-        Measurement(hw, tp, p, b, 0, Phase.PREFILL, statistics.median(v), model, kinds.get(hw))
-        for (hw, tp, p, b), v in sorted(prefill.items())
-    ]
-    out += [
-        Measurement(hw, tp, p, b, t, Phase.DECODE, statistics.median(v), model, kinds.get(hw))
-        for (hw, tp, p, b, t), v in sorted(decode.items())
-    ]
+    kinds: dict[tuple[str, HostSpeed], GpuKind] = {}
+
+    def median(hw: str, key: tuple[int, ...], phase: Phase, runs: Sequence[_Run]) -> Measurement:
+        seconds, speed = _median_run(runs)
+        kind = None
+        if hw in hosts:  # a CPU: its sidecar's peaks at this configuration's host speed
+            kind = kinds.setdefault((hw, speed), hosts[hw].kind(hw, speed))
+        tp, p, b, t = (*key, 0)[:4]
+        return Measurement(hw, tp, p, b, t, phase, seconds, model, kind)
+
+    out = [median(k[0], k[1:], Phase.PREFILL, v) for k, v in sorted(prefill.items())]
+    out += [median(k[0], k[1:], Phase.DECODE, v) for k, v in sorted(decode.items())]
     return out
 
 

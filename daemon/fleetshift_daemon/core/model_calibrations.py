@@ -32,21 +32,13 @@ from fleetshift_daemon.core.archs import ModelArch
 from fleetshift_daemon.core.corrections import Phase
 from fleetshift_daemon.core.errors import InvalidModelArch
 from fleetshift_daemon.core.gpus import GpuCatalogue, GpuKind
+from fleetshift_daemon.core.measurements import REQUIRED_COLUMNS
 from fleetshift_daemon.core.perf_factors import CalibrationKey, EfficiencyFactors, KindFactors
-from fleetshift_daemon.core.perfmodel import PerfModel
+from fleetshift_daemon.core.perfmodel import Dtype, PerfModel, dtype_of_config
 
 PREDICTED = "predicted from hardware figures, not measured"
 PROFILE_FIELD = "profile_csv"
-COLUMNS = (
-    "model",
-    "hardware",
-    "tensor_parallel",
-    "prompt_size",
-    "batch_size",
-    "token_size",
-    "prompt_time",
-    "token_time",
-)
+COLUMNS = REQUIRED_COLUMNS  # the reference table's shape, as the file loader reads it
 MAX_ROWS = 100_000
 
 
@@ -221,24 +213,32 @@ def _measurement(
     )
 
 
-Fitter = Callable[[Sequence[calibration.Measurement], ModelArch, GpuKind], KindFactors]
+Fitter = Callable[[Sequence[calibration.Measurement], ModelArch, GpuKind, Dtype], KindFactors]
 
 
 def fit_kind(
-    data: Sequence[calibration.Measurement], arch: ModelArch, kind: GpuKind
+    data: Sequence[calibration.Measurement],
+    arch: ModelArch,
+    kind: GpuKind,
+    dtype: Dtype = Dtype.BF16,
 ) -> KindFactors:
     """The performance model's own fit (``core.calibration``) on one kind's measurements."""
-    return calibration.fit_group(kind.name, (kind.name,), data, arch)[kind.name]
+    return calibration.fit_group(kind.name, (kind.name,), data, arch, dtype)[kind.name]
 
 
 def fit_errors(
-    factors: KindFactors, data: Sequence[calibration.Measurement], arch: ModelArch, kind: GpuKind
+    factors: KindFactors,
+    data: Sequence[calibration.Measurement],
+    arch: ModelArch,
+    kind: GpuKind,
+    dtype: Dtype = Dtype.BF16,
 ) -> tuple[float, tuple[PhaseError, ...]]:
     """In-sample error of the fitted factors: overall median |%|, and per phase."""
     model = PerfModel(EfficiencyFactors(per_kind={kind.name: factors}))
     signed: dict[str, list[float]] = defaultdict(list)
     for m in data:
-        signed[m.phase.value].append((calibration.predict(model, arch, m) / m.seconds - 1) * 100)
+        pct = (calibration.predict(model, arch, m, dtype) / m.seconds - 1) * 100
+        signed[m.phase.value].append(pct)
     phases = tuple(
         PhaseError(
             phase,
@@ -301,21 +301,25 @@ class Calibrations:
         """Fit ``profile_csv`` for (model, gpu_kind), store it, and use it from now on.
 
         ``model_config`` is the profiled model's ``config.json`` when it is not the configured
-        model itself (a smaller sibling, say); the factors fitted on it then carry over."""
+        model itself (a smaller sibling, say); the factors fitted on it then carry over. Its
+        ``torch_dtype`` sets the bytes per weight and KV value the fit counts (a float32
+        profile streams twice a BF16 one's bytes); without a config the model is BF16."""
         arch = self.archs.get(model)
         if arch is None:
             raise NotFound(
                 f"model {model!r} is not configured (known: {sorted(self.archs)})", field="model"
             )
         kind = self.catalogue.get(gpu_kind)  # NOT_FOUND naming gpu_kind
+        dtype = Dtype.BF16
         if model_config is not None:
             arch = _profiled_arch(model, model_config)
+            dtype = _profiled_dtype(model_config)
         rows = parse_profile(profile_csv)
         check_hardware(rows[0].hardware, kind)
         data = measurements(rows, kind)
         try:
-            factors = self.fitter(data, arch, kind)
-            median, phases = fit_errors(factors, data, arch, kind)
+            factors = self.fitter(data, arch, kind, dtype)
+            median, phases = fit_errors(factors, data, arch, kind, dtype)
         except FleetShiftError as err:
             raise InvalidArgument(
                 f"{PROFILE_FIELD}: the fit failed: {err.message}", field=PROFILE_FIELD
@@ -355,4 +359,13 @@ def _profiled_arch(model: str, raw: Mapping[str, object]) -> ModelArch:
     except InvalidModelArch as err:
         raise InvalidArgument(
             f"model_config: {err.message}", field=f"model_config.{err.field or ''}".rstrip(".")
+        ) from None
+
+
+def _profiled_dtype(raw: Mapping[str, object]) -> Dtype:
+    try:
+        return dtype_of_config(raw)
+    except InvalidArgument as err:
+        raise InvalidArgument(
+            f"model_config: {err.message}", field=f"model_config.{err.field}"
         ) from None

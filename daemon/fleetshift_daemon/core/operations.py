@@ -86,6 +86,9 @@ class Step:
     started_at: float | None = None
     finished_at: float | None = None
     error: str = ""
+    # Of sessions_carried, those whose KV the target restored (the rest recomputed their
+    # context from token history): the record of which path a move took, per step.
+    sessions_kv_restored: int = 0
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

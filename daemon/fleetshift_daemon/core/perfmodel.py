@@ -20,11 +20,19 @@ measured times. Per step on a TP group of t GPUs:
   drives every worker each step; this, not per-layer link latency, is what grows a step's
   fixed time with TP on the measured stacks), per decode sequence and per prefill sequence;
   none scales with model size. A Python engine adds a dispatch time per layer and token row.
+  A GPU engine runs prefill eagerly (decode replays a CUDA graph), so a prefill pass also
+  launches every layer's kernels: a time per layer and prefill pass, spent on the host while
+  the device runs what was launched before, so it bounds a pass from below (like the weights'
+  streaming) rather than adding to the device's work.
+- The measured stacks' slowdown of long passes is charged to the all-reduces: per token beyond
+  the threshold, scaled by the bytes a ring moves per GPU (``ring_share``); none on one GPU.
 - Engine shape (``EngineShape``, fixed per engine, not fitted): a GPU serving engine pads GEMM
   dimensions to tensor-core tiles and reads each sequence's KV prefix once per query tile; the
-  reference engine on a CPU runs plain float32 matmuls (no tile padding) and attends one query
-  row at a time, so a prefill re-reads the KV prefix for every row (memory traffic that grows
-  with the square of the prompt).
+  reference engine on a CPU multiplies in fixed 16-row chunks (a decode step of 1 to 16
+  sequences computes 16 rows of every GEMM and of the LM head), attends one query row at a
+  time, so a prefill re-reads the KV prefix for every row (memory traffic that grows with the
+  square of the prompt), and runs its Python on the core its matmuls use: its engine times
+  are stated at an idle core and scale with the host's measured matmul rate.
 - Prefill is compute-bound (weights stream under the GEMMs: the larger of the two counts); a
   decode step streams the weights once and adds each sequence's compute on top (small-batch
   decode does not overlap them).
@@ -60,6 +68,7 @@ __all__ = [
     "PerfCoefficients",
     "PerfModel",
     "Phase",
+    "dtype_of_config",
     "llama2_70b",
 ]
 
@@ -73,14 +82,50 @@ TILE_PAD = 32.0
 
 @dataclass(frozen=True)
 class EngineShape:
-    """What an engine's kernels look like, which sets how FLOPs and bytes become time."""
+    """What an engine's kernels look like, which sets how FLOPs and bytes become time.
+
+    ``host_tflops``: where the engine's own times (per step, sequence, layer row) run on the
+    same core as its matmuls (the reference engine on a CPU), the matmul rate those factors
+    are stated at; a host whose measured rate is lower (another process holds part of the
+    core) runs its Python as much slower as its matmuls. None: a GPU engine, whose host-side
+    time does not slow with the device's rate.
+    """
 
     tile_pad: float  # every GEMM dimension padded by this many on average
     kv_reread_per_row: bool  # prefill attention reads the KV prefix once per query row
+    host_tflops: float | None = None
+    row_chunk: int = 0  # every matmul runs on exactly this many rows (0: on the pass's rows)
+    # The weights each chunk of rows multiplies, in the order the engine runs them: one group
+    # is read whole before the next chunk reads it again (the reference engine: a layer's
+    # QKV for every chunk, then its output projection and MLP for every chunk).
+    weight_groups: tuple[tuple[str, ...], ...] = ()
 
 
+# An idle core of the host the stored profiles ran on (an AMD EPYC, 2026-12-01): a float32
+# 1024^3 matmul at 86 GFLOP/s on one thread (docs/bench-profile.md), in the FP32 convention of
+# ``measurements.cpu_kind`` (the float32 rate doubled into ``bf16_tflops``). The reference
+# engine's times (``PRIORS["layer_row_s"]`` among them) are stated at it.
+IDLE_CPU_TFLOPS = 0.172
 GPU_ENGINE = EngineShape(tile_pad=TILE_PAD, kv_reread_per_row=False)
-REFERENCE_CPU_ENGINE = EngineShape(tile_pad=0.0, kv_reread_per_row=True)
+# The reference engine multiplies every matrix in chunks of ``EngineConfig.rows`` = 16 rows
+# (a token's numbers must not depend on its batch), the pass's rows padded to whole chunks:
+# a decode step of 1 to 16 sequences computes 16 rows of every GEMM and of the LM head.
+REFERENCE_ROW_CHUNK = 16
+# ``engine.py``: per layer, ``pre`` (norm, Q/K/V) over every chunk, attention, then ``post``
+# (output projection, norm, gate/up/down) over every chunk; names as ``_layer_gemms``'s.
+REFERENCE_WEIGHT_GROUPS = (("qkv",), ("out", "up", "down"))
+REFERENCE_CPU_ENGINE = EngineShape(
+    tile_pad=0.0,
+    kv_reread_per_row=True,
+    host_tflops=IDLE_CPU_TFLOPS,
+    row_chunk=REFERENCE_ROW_CHUNK,
+    weight_groups=REFERENCE_WEIGHT_GROUPS,
+)
+
+
+def is_cpu_kind(name: str) -> bool:
+    """``cpu``/``cpu-<model>``: a profile of the reference engine on a CPU, never a GPU kind."""
+    return name.lower().startswith("cpu")
 
 
 def engine_shape(gpu: GpuKind) -> EngineShape:
@@ -89,7 +134,7 @@ def engine_shape(gpu: GpuKind) -> EngineShape:
     A CPU kind is only ever a profile of the reference engine on this project's hosts, so the
     kind names the engine; a GPU kind is served by a batched-kernel engine (vLLM-like).
     """
-    return REFERENCE_CPU_ENGINE if gpu.name.lower().startswith("cpu") else GPU_ENGINE
+    return REFERENCE_CPU_ENGINE if is_cpu_kind(gpu.name) else GPU_ENGINE
 
 
 class Dtype(enum.Enum):
@@ -106,6 +151,31 @@ class Dtype(enum.Enum):
     def kv_bytes_per_value(self) -> int:
         """KV cache kept in BF16 whatever the weight dtype, except a full-FP32 model's."""
         return 4 if self is Dtype.FP32 else 2
+
+
+# config.json ``torch_dtype`` -> the dtype a model's weights, KV and matmuls run at. float16 is
+# modelled as BF16: the same 2 bytes per value and, on every catalogued GPU, the same tensor
+# peak. Absent: bfloat16, what Hugging Face checkpoints of the families served here ship in.
+TORCH_DTYPES: dict[str, Dtype] = {
+    "float16": Dtype.BF16,
+    "bfloat16": Dtype.BF16,
+    "float32": Dtype.FP32,
+}
+
+
+def dtype_of_config(raw: Mapping[str, object]) -> Dtype:
+    """The dtype a Hugging Face ``config.json`` declares (``torch_dtype``, or ``dtype`` as
+    newer transformers write it); one not in ``TORCH_DTYPES`` is refused, naming the key.
+
+    Bytes per weight and per KV value follow it, so a float32 profile fitted as BF16 would
+    read half the bytes it streams and put the difference into ``bw_eff``.
+    """
+    key = "torch_dtype" if "torch_dtype" in raw else "dtype"
+    value = raw.get(key, "bfloat16")
+    dtype = TORCH_DTYPES.get(value) if isinstance(value, str) else None
+    if dtype is None:
+        raise InvalidArgument(f"{key}: {value!r} is not one of {sorted(TORCH_DTYPES)}", field=key)
+    return dtype
 
 
 def llama2_70b() -> ModelArch:
@@ -159,10 +229,23 @@ class PerfCoefficients:
     """Times as linear functions of batch features (seconds), corrections not applied.
 
     prefill(lengths) = p0 + p_tok * sum(L) + p_sq * sum(L^2) + p_seq * len(lengths)
-                       + p_knee * max(0, sum(L) - knee_tokens),   at least p_min
-    decode(batch, ctx) = d0 + d_seq * batch + d_ctx * ctx
+                       + p_knee * max(0, sum(L) - knee_tokens)
+                       + p_row * chunked(sum(L)) + p_head * chunked(len(lengths))
+                       + p_stall * chunks(sum(L)) + p_head_stall * chunks(len(lengths)),
+                       at least p_min
+    decode(batch, ctx) = d0 + d_seq * batch + d_ctx * ctx + d_row * chunked(batch)
+                         + d_stall * (chunks(batch) - 1)
 
-    ``p_min`` is the roofline's floor: no pass is quicker than streaming the weights once. It
+    ``chunked(n)``: n rounded up to whole ``row_chunk``s, the rows an engine that multiplies in
+    fixed chunks computes (the reference engine: its GEMMs on every row of the pass, its LM head
+    on one row per sequence), ``chunks(n)`` how many chunks that is; 0 (GPU engines): no such
+    terms, p_row = p_head = d_row = 0. ``p_stall``/``p_head_stall``: per chunk, the time its
+    multiplies wait for weights that no longer fit the core's cache to stream in again from
+    memory (``_chunk_stalls``); a decode step streams all weights once already (``d0``), so
+    only its chunks after the first wait (``d_stall``).
+
+    ``p_min`` is the roofline's floor: no pass is quicker than streaming the weights once, or
+    than the host takes to launch an eager pass's kernels (the device works under both). It
     binds only for passes of a few dozen tokens, so the linear terms alone are close enough
     for a closed form (the planner's batch sizing) wherever a pass is worth sizing.
     """
@@ -179,15 +262,33 @@ class PerfCoefficients:
     knee_tokens: float = math.inf
     p_knee: float = 0.0
     p_min: float = 0.0
+    row_chunk: int = 0
+    p_row: float = 0.0
+    p_head: float = 0.0
+    d_row: float = 0.0
+    p_stall: float = 0.0
+    p_head_stall: float = 0.0
+    d_stall: float = 0.0
+
+    def chunks(self, rows: float) -> float:
+        c = self.row_chunk
+        return float(math.ceil(rows / c)) if c else 0.0
+
+    def chunked(self, rows: float) -> float:
+        return self.chunks(rows) * self.row_chunk
 
     def prefill_s(self, total_tokens: float, sum_sq: float, n_seqs: float) -> float:
         t = self.p0 + self.p_tok * total_tokens + self.p_sq * sum_sq + self.p_seq * n_seqs
         if total_tokens > self.knee_tokens:
             t += self.p_knee * (total_tokens - self.knee_tokens)
+        t += self.p_row * self.chunked(total_tokens) + self.p_head * self.chunked(n_seqs)
+        t += self.p_stall * self.chunks(total_tokens) + self.p_head_stall * self.chunks(n_seqs)
         return max(t, self.p_min)
 
     def decode_s(self, batch: float, context_tokens: float) -> float:
-        return self.d0 + self.d_seq * batch + self.d_ctx * context_tokens
+        t = self.d0 + self.d_seq * batch + self.d_ctx * context_tokens
+        t += self.d_stall * max(0.0, self.chunks(batch) - 1)
+        return t + self.d_row * self.chunked(batch)
 
 
 def _validate(dep: Deployment) -> None:
@@ -267,6 +368,47 @@ def _layer_gemms(arch: ModelArch, tp: int) -> list[tuple[float, float, float]]:
     ]
 
 
+# ``_layer_gemms``'s matrices, in its order
+LAYER_GEMM_NAMES = ("qkv", "out", "up", "down")
+
+
+def _stream_stall(
+    flops: float, nbytes: float, cache_bytes: float, rates: tuple[float, float]
+) -> float:
+    """Seconds a chunk's multiply of one weight group waits on memory beyond its compute.
+
+    A group larger than the core's own cache was evicted since the last chunk read it (the
+    chunks between read the layer's other groups, or other layers): it streams in again at the
+    memory rate, under the multiply (hardware prefetch), so the chunk takes the longer of the
+    two. A group that fits stays cached: no stall.
+    """
+    gemm_rate, mem_rate = rates
+    if nbytes <= cache_bytes:
+        return 0.0
+    return max(0.0, nbytes / mem_rate - flops / gemm_rate)
+
+
+def _chunk_stalls(
+    dep: Deployment, shape: EngineShape, rates: tuple[float, float]
+) -> tuple[float, float]:
+    """(stall per chunk of a pass's rows over all layers, the LM head's per chunk of sampled
+    rows) for an engine that multiplies in fixed row chunks; (0, 0) for any other."""
+    c = shape.row_chunk
+    if not c or not shape.weight_groups:
+        return 0.0, 0.0
+    arch, width = dep.arch, dep.dtype.bytes_per_weight
+    cache = dep.gpu.core_cache_mb * 2**20
+    dims = dict(zip(LAYER_GEMM_NAMES, _layer_gemms(arch, dep.tp), strict=True))
+    layer = 0.0
+    for group in shape.weight_groups:
+        nk = sum(dims[name][0] * dims[name][1] for name in group)
+        layer += _stream_stall(2 * c * nk, nk * width, cache, rates)
+    head_nk = arch.hidden * arch.vocab / dep.tp
+    head_bytes = head_nk * max(width, EMBED_BYTES_PER_PARAM)  # the weights' width, BF16 at least
+    head = _stream_stall(2 * c * head_nk, head_bytes, cache, rates)
+    return arch.n_layers * layer, head
+
+
 def _padded_gemm_flops(arch: ModelArch, tp: int, s: float) -> tuple[float, float]:
     """Padded linear-layer FLOPs of a pass of M tokens on one GPU: ``a0 + a1 * M``.
 
@@ -295,6 +437,17 @@ def _comm(dep: Deployment, kf: KindFactors) -> tuple[float, float]:
     return latency, per_token
 
 
+def ring_share(tp: int) -> float:
+    """Bytes a ring all-reduce moves over each GPU's link per byte reduced, relative to TP 2:
+    ``2 (t-1) / t`` (1 at TP 2, 1.5 at 4, 1.75 at 8, 0 on one GPU, which reduces nothing).
+
+    The long-pass slowdown (``KindFactors.long_pass_token_s``, stated at TP 2) scales with it:
+    the slowdown is charged to the all-reduces of a pass whose activations outgrow what the
+    link moves at full rate, so a pass with no all-reduce has none.
+    """
+    return 2.0 * (tp - 1) / tp
+
+
 def _raw_coefficients(dep: Deployment, kf: KindFactors, reserve: float) -> PerfCoefficients:
     _validate(dep)
     arch, gpu, tp = dep.arch, dep.gpu, dep.tp
@@ -304,8 +457,10 @@ def _raw_coefficients(dep: Deployment, kf: KindFactors, reserve: float) -> PerfC
     gemm_rate = _peak_flops(dep) * kf.gemm_eff
     attn_rate = _bf16_flops(dep) * kf.gemm_eff
     mem_rate = gpu.hbm_tbps * 1e12 * tp * kf.bw_eff
-    engine = kf.step_overhead_s + kf.worker_overhead_s * (tp - 1)
-    rows = arch.n_layers * kf.layer_row_s  # per token row of a pass (a Python engine's loop)
+    host = shape.host_tflops / gpu.bf16_tflops if shape.host_tflops else 1.0
+    engine = (kf.step_overhead_s + kf.worker_overhead_s * (tp - 1)) * host
+    rows = arch.n_layers * kf.layer_row_s * host  # per token row (a Python engine's loop)
+    seq_s, prefill_seq_s = kf.seq_overhead_s * host, kf.prefill_seq_overhead_s * host
     latency, comm_tok = _comm(dep, kf)
     g0, g1 = (x / gemm_rate for x in _padded_gemm_flops(arch, tp, s))
     weights_s = _weight_bytes(dep) / mem_rate
@@ -318,19 +473,35 @@ def _raw_coefficients(dep: Deployment, kf: KindFactors, reserve: float) -> PerfC
     # a decode step: 4 (1+s)(ctx+s)(d+s) per sequence, plus its KV read
     reread = kv_s / 2 if shape.kv_reread_per_row else 0.0
     slow = kf.compute_scale  # a power cap slows the whole prefill pass, not decode
+    # an engine that multiplies in fixed row chunks computes its GEMMs (and, in decode, where
+    # every row is sampled, the LM head) on the padded rows, not on the pass's tokens
+    per_tok, per_row = (0.0, g1) if shape.row_chunk else (g1, 0.0)
+    seq_head, row_head = (0.0, lm_head) if shape.row_chunk else (lm_head, 0.0)
+    # prefill is not captured in a CUDA graph: the host launches every layer's kernels, but
+    # asynchronously, ahead of the device, so a pass takes the longer of the launches and
+    # the device's work, not their sum; only the weight-bound floor can be shorter than them
+    eager = arch.n_layers * kf.prefill_layer_s
+    stall, head_stall = _chunk_stalls(dep, shape, (gemm_rate, mem_rate))
     return PerfCoefficients(
         p0=(engine + latency + g0) / slow,
-        p_tok=(g1 + comm_tok + rows + 4 * s * heads) / slow,
+        p_tok=(per_tok + comm_tok + rows + 4 * s * heads) / slow,
         p_sq=(2 * heads + reread) / slow,
-        p_seq=(lm_head + kf.prefill_seq_overhead_s + 2 * s * s * heads) / slow,
+        p_seq=(seq_head + prefill_seq_s + 2 * s * s * heads) / slow,
         d0=engine + latency + weights_s,
-        d_seq=g1 + lm_head + comm_tok + rows + kf.seq_overhead_s + 4 * (1 + s) * s * heads,
+        d_seq=per_tok + seq_head + comm_tok + rows + seq_s + 4 * (1 + s) * s * heads,
         d_ctx=kv_s + 4 * (1 + s) * heads,
         kv_capacity_tokens=kv_cap,
         kv_bytes_per_token=_kv_bytes_per_token(dep, physical=False),
         knee_tokens=kf.long_pass_tokens if kf.long_pass_token_s > 0 else math.inf,
-        p_knee=kf.long_pass_token_s / slow,
-        p_min=(engine + latency + weights_s) / slow,
+        p_knee=kf.long_pass_token_s * ring_share(tp) / slow,
+        p_min=(engine + latency + max(weights_s, eager)) / slow,
+        row_chunk=shape.row_chunk,
+        p_row=per_row / slow,
+        p_head=row_head / slow,
+        d_row=per_row + row_head,
+        p_stall=stall / slow,
+        p_head_stall=head_stall / slow,
+        d_stall=stall + head_stall,
     )
 
 

@@ -49,12 +49,15 @@ from fleetshift_daemon.core.routing import (
     RouteRequest,
     WorkerView,
 )
-from fleetshift_daemon.core.slo_monitor import LatencySample, SloMonitor
+from fleetshift_daemon.core.slo_monitor import (
+    KV_BLOCK_TOKENS,
+    LatencySample,
+    SloMonitor,
+    sample_from_counters,
+)
 from fleetshift_daemon.core.traffic import TrafficMonitor, TrafficStats
 from fleetshift_daemon.core.validation import check_route_lengths
 from fleetshift_daemon.core.workers import WorkerRecord, WorkerState, WorkerTable
-
-KV_BLOCK_TOKENS = 16  # the reference engine's block size; counters report blocks
 
 
 @dataclass(frozen=True)
@@ -243,9 +246,12 @@ class PlacementService:
         """Rebuild the router's index from the registry now."""
         views = []
         nodes = {n.name: n for n in self._registry.nodes()}
+        kinds: dict[str, GpuKind | None] = {}  # once per node, not per worker
         for w in self._workers.alive():
             node = nodes.get(w.node)
-            kind = self.gpu_kind(node) if node else None
+            if node is not None and w.node not in kinds:
+                kinds[w.node] = self.gpu_kind(node)
+            kind = kinds.get(w.node)
             if node is None or kind is None or w.spec.model not in self.models or not w.endpoint:
                 continue  # (a worker still starting has no endpoint: nothing could reach it)
             counters = w.counters
@@ -273,31 +279,39 @@ class PlacementService:
         self.router.update_fleet(views)
 
     def observe_heartbeat(self, node: NodeRecord) -> None:
-        """Load and traffic from one heartbeat's worker counters."""
-        self._fresh()
+        """Load and traffic from one heartbeat's worker counters.
+
+        The router's index is not rebuilt here when stale: the rebuild (at the next Route)
+        reads every worker's counters from the worker table, which the heartbeat has already
+        updated. Rebuilding here made registering N nodes cost N rebuilds of O(fleet) each
+        (each new node's first heartbeat adopts its workers and stales the index)."""
+        stale = self._stale
         learn = node.inventory_source is InventorySource.NVML
         self.slo_monitor.observe(self._latency_samples(node))
         for counters in node.workers:
             worker = self._workers.find(counters.worker_id)
             if worker is None or worker.spec.model not in self.models:
                 continue
-            try:
-                self.router.update_load(
-                    counters.worker_id,
-                    queue_tokens=counters.queue_depth,
-                    kv_used_tokens=counters.kv_blocks_used * KV_BLOCK_TOKENS,
-                    live_sessions=counters.live_sessions,
-                    healthy=node.state is NodeState.READY and _takes_sessions(worker),
-                    cordoned=node.cordoned,
-                )
-            except NotFound:
-                continue  # not in the index yet: the next refresh brings it in
+            # The mix counts the worker's tokens whether or not the router indexes it yet.
             self.traffic.observe_counters(
                 counters.worker_id,
                 worker.spec.model,
                 counters.prefill_tokens,
                 counters.decode_tokens,
+                born_at=self._workers.born_at(worker),
             )
+            try:
+                if not stale:
+                    self.router.update_load(
+                        counters.worker_id,
+                        queue_tokens=counters.queue_depth,
+                        kv_used_tokens=counters.kv_blocks_used * KV_BLOCK_TOKENS,
+                        live_sessions=counters.live_sessions,
+                        healthy=node.state is NodeState.READY and _takes_sessions(worker),
+                        cordoned=node.cordoned,
+                    )
+            except NotFound:
+                continue  # not in the index yet: the next refresh brings it in
             if learn and counters.tbt_p50_ms > 0 and counters.live_sessions > 0:
                 kind = self.gpu_kind(node)
                 if kind is not None:
@@ -318,18 +332,7 @@ class PlacementService:
             worker = self._workers.find(c.worker_id)
             if worker is None or worker.spec.model not in self.models:
                 continue
-            out.append(
-                LatencySample(
-                    c.worker_id,
-                    worker.spec.model,
-                    c.ttft_p50_ms,
-                    c.ttft_p99_ms,
-                    c.tbt_p50_ms,
-                    c.tbt_p99_ms,
-                    c.queue_depth,
-                    c.live_sessions,
-                )
-            )
+            out.append(sample_from_counters(c, worker.spec.model, worker.spec.role))
         return out
 
     # -- Route -------------------------------------------------------------------------------

@@ -62,6 +62,8 @@ class Registry:
         self._nodes: dict[str, NodeRecord] = {}
         self._last_seen: dict[str, float] = {}  # liveness clock, in memory only
         self._unflushed: dict[str, float] = {}  # heartbeat times not yet in the store
+        self._unwritten: set[str] = set()  # nodes whose state changed, not yet in the store
+        self._status_writes = threading.Lock()  # orders status writes (never held on the loop)
         self._lock = threading.RLock()
         self._listeners: list[tuple[Callable[[], None], bool]] = []
 
@@ -130,7 +132,12 @@ class Registry:
         self._changed()
         return node, known is None
 
-    def heartbeat(self, name: str, workers: Sequence[WorkerCounters] = ()) -> NodeRecord:
+    def heartbeat(
+        self, name: str, workers: Sequence[WorkerCounters] = (), record: bool = True
+    ) -> NodeRecord:
+        """The node is alive. ``record`` False (a follower replica): a lost node comes back
+        in this view only; writing that is the leader's (it hears the same heartbeat), and a
+        follower's write would be refused by the fence anyway."""
         if not name:
             raise InvalidArgument("node_name must not be empty", field="node_name")
         if len(workers) > self._limits.max_workers_per_heartbeat:
@@ -143,8 +150,10 @@ class Registry:
         with self._lock:
             node = self._require(name)
             came_back = node.state is NodeState.LOST
-            if came_back:
-                self._store.update_status(name, NodeState.READY, node.cordoned, node.cordon_reason)
+            if came_back and record:
+                # Written by the next sweep, off the event loop this runs on: a write here
+                # stalled every call for a database round trip per returning node.
+                self._unwritten.add(name)
             node = dataclasses.replace(
                 node, state=NodeState.READY, last_heartbeat_at=now, workers=tuple(workers)
             )
@@ -164,12 +173,13 @@ class Registry:
         check_node_name(name, self._limits)
         if len(reason) > self._limits.max_text * 4:
             raise InvalidArgument("reason is too long (512 characters at most)", field="reason")
-        with self._lock:
+        with self._status_writes, self._lock:
             node = self._require(name)
             reason = reason if cordoned else ""
             self._store.update_status(name, node.state, cordoned, reason)
             node = dataclasses.replace(node, cordoned=cordoned, cordon_reason=reason)
             self._nodes[name] = node
+            self._unwritten.discard(name)
         self._changed()
         return node
 
@@ -192,21 +202,57 @@ class Registry:
         """Flush heartbeat times and turn silent nodes `lost`; returns the names that turned."""
         now = self._clock()
         turned: list[str] = []
+        self._flush_heartbeats()
         with self._lock:
-            if self._unflushed:
-                self._store.record_heartbeats(self._unflushed)
-                self._unflushed = {}
             for name, node in self._nodes.items():
                 silent_for = now - self._last_seen.get(name, now)
                 if node.state is NodeState.READY and silent_for > self._lost_after_s:
-                    self._store.update_status(
-                        name, NodeState.LOST, node.cordoned, node.cordon_reason
-                    )
                     self._nodes[name] = dataclasses.replace(node, state=NodeState.LOST)
+                    self._unwritten.add(name)
                     turned.append(name)
+        self._flush_statuses()
         if turned:
             self._changed(liveness=True)
         return turned
+
+    def _flush_statuses(self) -> None:
+        """Write the states that changed since the last flush (nodes turned lost, lost nodes
+        heard again) outside the registry lock: heartbeats take that lock on the event loop,
+        and one write per node under it (a whole fleet turning lost or coming back at once)
+        stalled every call, Route too, until they fell behind and more nodes turned lost.
+        Each write takes the node's state as it is at the time of writing; ``_status_writes``
+        keeps a cordon written meanwhile from being overwritten by an older copy. Nodes a
+        failed write did not store are kept for the next flush."""
+        with self._status_writes:
+            with self._lock:
+                names, self._unwritten = self._unwritten, set()
+                todo = [self._nodes[n] for n in sorted(names) if n in self._nodes]
+            for k, node in enumerate(todo):
+                try:
+                    self._store.update_status(
+                        node.name, node.state, node.cordoned, node.cordon_reason
+                    )
+                except BaseException:
+                    with self._lock:
+                        self._unwritten.update(n.name for n in todo[k:])
+                    raise
+
+    def _flush_heartbeats(self) -> None:
+        """Write the heartbeat times gathered since the last flush, outside the lock: every
+        heartbeat takes the lock on the daemon's event loop, so a database write under it
+        stalled every call the loop serves (Route too) for as long as the write took. Times
+        a failed write did not store are kept for the next flush (a newer one wins)."""
+        with self._lock:
+            batch, self._unflushed = self._unflushed, {}
+        if not batch:
+            return
+        try:
+            self._store.record_heartbeats(batch)
+        except BaseException:
+            with self._lock:
+                for name, at in batch.items():
+                    self._unflushed[name] = max(at, self._unflushed.get(name, at))
+            raise
 
     def _require(self, name: str) -> NodeRecord:
         node = self._nodes.get(name)

@@ -2,17 +2,27 @@
 
 The score multiplies phase fit (how fast this worker's GPU kind runs the phase the request is
 heavy in, relative to the model's best), predicted latency against the SLO (from the
-performance model, with the worker's queue and live batch), load (queued prompt tokens against
-the TTFT SLO and, for a worker that decodes, its predicted step time against the TBT SLO: under
-the SLO the latency term is flat, and without this a decode pool fills its fastest worker
-first) and KV headroom (a long context avoids a worker where it would evict others). Nothing is
-a hard filter: a cordoned or unhealthy worker only scores very low, so a request is still
-answered when the preferred pool is full; it goes elsewhere rather than queue.
+performance model, with the worker's queue and live batch), load and KV headroom (a long
+context avoids a worker where it would evict others). Nothing is a hard filter: a cordoned or
+unhealthy worker only scores very low, so a request is still answered when the preferred pool
+is full; it goes elsewhere rather than queue.
+
+Load is this request's own prefill time on the worker against that time plus the wait for the
+prompts queued ahead of it, so phase fit x load is the best unloaded prefill time over this
+worker's predicted TTFT: the worker that would answer first wins, the heterogeneous form of
+join-the-shortest-queue (shortest expected delay). It used to be the wait against the TTFT
+SLO, which is near 1 until the queue approaches the SLO: a faster GPU's phase fit then kept
+every request on the faster kind until its queue neared the SLO, and under 10x bursts the
+tail of TTFT was twice least-loaded's on the same fleet (issue 11). A worker that decodes is
+further scored down by its predicted step time against the TBT SLO (a bigger batch slows every
+session on it; without this a decode pool fills its fastest worker first).
 
 Speed: the daemon answers thousands of Route calls per second against a thousand nodes, so no
 call walks every worker. Workers of a model are grouped into classes (role, GPU kind, TP,
 dtype) whose performance coefficients are computed once; a call scores each class, samples a
-few workers per class (power of d choices picks the least loaded) and scores only those.
+few workers per class (power of d choices picks the least loaded) and scores only those. A
+routed request is counted on its workers at once (queue, sessions, KV) until the next heartbeat
+replaces the counters, so calls between two heartbeats do not all pick the same worker.
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ from __future__ import annotations
 import math
 import random
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from fleetshift_common.errors import InvalidArgument, NotFound
@@ -107,7 +117,11 @@ class SkippedWorker:
 
 @dataclass(frozen=True)
 class RouterConfig:
-    per_class_samples: int = 2  # power of two choices inside each worker class
+    # Power of d choices inside each worker class, sampled without replacement. 2 left a
+    # 12-worker class with a p99 TTFT 1.5x least-loaded's under 10x on-off bursts; 8 matched or
+    # beat it (chosen on the tuning data, Azure minutes 0-30 with on-off arrivals: see
+    # docs/bench-sim.md, "Routing under bursts").
+    per_class_samples: int = 8
     default_ttft_ms: float = 2000.0  # latency scale when the request states no SLO
     default_tbt_ms: float = 100.0
     slo_miss_penalty: float = 4.0  # score falls as 1 / (1 + penalty * relative overshoot)
@@ -129,17 +143,37 @@ _SLOT = {Role.MIXED: 0, Role.PREFILL: 1, Role.DECODE: 2}
 
 
 class _Worker:
-    __slots__ = ("cls", "cordoned", "healthy", "id", "kv_total", "kv_used", "queue", "sessions")
+    __slots__ = (
+        "cls",
+        "cordoned",
+        "health",
+        "healthy",
+        "id",
+        "kv_total",
+        "kv_used",
+        "queue",
+        "sessions",
+    )
 
-    def __init__(self, view: WorkerView, cls: _Class) -> None:
+    def __init__(self, view: WorkerView, cls: _Class, cfg: RouterConfig) -> None:
         self.id = view.id
         self.cls = cls
         self.queue = view.queue_tokens
         self.kv_used = view.kv_used_tokens
         self.kv_total = view.kv_total_tokens or cls.coeff.kv_capacity_tokens
         self.sessions = view.live_sessions
-        self.healthy = view.healthy
-        self.cordoned = view.cordoned
+        self.set_health(view.healthy, view.cordoned, cfg)
+
+    def set_health(self, healthy: bool, cordoned: bool, cfg: RouterConfig) -> None:
+        """The health factor of the score, computed here (a heartbeat) and not per call."""
+        self.healthy, self.cordoned = healthy, cordoned
+        self.health = (
+            1.0
+            if healthy and not cordoned
+            else cfg.cordoned_factor
+            if healthy
+            else cfg.unhealthy_factor
+        )
 
 
 @dataclass(eq=False)
@@ -151,6 +185,8 @@ class _Class:
     dep: Deployment
     coeff: PerfCoefficients
     workers: list[_Worker] = field(default_factory=list)
+    small: bool = False  # random.sample's list branch (set at the end of update_fleet)
+    shape: int = 0  # index of (dep, coeff) in its _ModelIndex.shapes
 
     @property
     def label(self) -> str:
@@ -161,6 +197,7 @@ class _Class:
 class _ModelIndex:
     arch: ModelArch
     classes: list[_Class] = field(default_factory=list)
+    shapes: list[tuple[Deployment, PerfCoefficients]] = field(default_factory=list)
 
 
 class _Cand:
@@ -271,9 +308,18 @@ class Router:
                     )
                 )
                 continue
-            worker = _Worker(w, cls)
+            worker = _Worker(w, cls, self._cfg)
             cls.workers.append(worker)
             by_id[w.id] = worker
+        k = self._cfg.per_class_samples
+        for m in index.values():
+            seen: dict[Deployment, int] = {}
+            for c in m.classes:
+                c.small = len(c.workers) <= _sample_setsize(k)
+                if c.dep not in seen:
+                    seen[c.dep] = len(m.shapes)
+                    m.shapes.append((c.dep, c.coeff))
+                c.shape = seen[c.dep]
         with self._lock:
             self._index = index
             self._workers = by_id
@@ -307,7 +353,7 @@ class Router:
         if w is None:
             raise NotFound(f"worker {worker_id!r} is not known", field="worker_id")
         w.queue, w.kv_used, w.sessions = queue_tokens, kv_used_tokens, live_sessions
-        w.healthy, w.cordoned = healthy, cordoned
+        w.set_health(healthy, cordoned, self._cfg)
 
     # -- routing ----------------------------------------------------------------------------
 
@@ -320,28 +366,23 @@ class Router:
         ctx_add = prompt + out / 2.0
         corr = self._perf.correction
 
-        # Unloaded per-class phase times: the reference for phase and hardware fit.
-        refs = []
-        for c in idx.classes:
-            cp = corr(c.dep, Phase.PREFILL)
-            cd = corr(c.dep, Phase.DECODE)
-            refs.append(
-                (
-                    c,
-                    cp,
-                    cd,
-                    c.coeff.prefill_s(prompt, sq, 1) * cp,
-                    c.coeff.decode_s(1, ctx_add) * cd,
-                )
-            )
-        best_p = min(r[3] for r in refs)
-        best_d = min(r[4] for r in refs)
+        # Unloaded phase times per deployment shape (the classes of one shape differ only in
+        # role): the reference for phase and hardware fit.
+        shapes = []
+        for dep, co in idx.shapes:
+            cp = corr(dep, Phase.PREFILL)
+            cd = corr(dep, Phase.DECODE)
+            shapes.append((cp, cd, co.prefill_s(prompt, sq, 1) * cp, co.decode_s(1, ctx_add) * cd))
+        best_p = min(r[2] for r in shapes)
+        best_d = min(r[3] for r in shapes)
         share_p = best_p / (best_p + out * best_d)  # of the request's time, on the best GPUs
 
         pen = cfg.slo_miss_penalty
         best: list[_Cand | None] = [None, None, None]  # indexed by _SLOT[role]
         scored = 0
-        for c, cp, cd, ref_p, ref_d in refs:
+        aff_bonus = cfg.affinity_bonus
+        for c in idx.classes:
+            cp, cd, ref_p, ref_d = shapes[c.shape]
             role = c.role
             co = c.coeff
             rel_p, rel_d = best_p / ref_p, best_d / ref_d
@@ -353,58 +394,118 @@ class Router:
                 phase_fit = share_p * rel_p + (1.0 - share_p) * rel_d
             does_p = role is not Role.DECODE
             does_d = role is not Role.PREFILL
-            wait_per_token = co.p_tok * cp
             # co.prefill_s / co.decode_s unrolled: the worker-independent part once per class
             p_base = co.p0 + co.p_tok * prompt + co.p_sq * sq + co.p_seq
             p_tok, knee, p_knee = co.p_tok, co.knee_tokens, co.p_knee
+            # the request's predicted TTFT on an empty queue, in the same unrolled form
+            p_alone = (p_base + (p_knee * (prompt - knee) if prompt > knee else 0.0)) * cp
             d_base = co.d0 + co.d_seq + co.d_ctx * ctx_add
             d_seq, d_ctx = co.d_seq, co.d_ctx
             slot = _SLOT[role]
             current = best[slot]
-            kv_floor = 0.05
-            for w in self._sample(c, preferred):
-                scored += 1
+            # The best of this slot so far, as plain locals: a _Cand is made once per class,
+            # not at every improvement (the arithmetic below is the score's, in its order:
+            # a factor that is exactly 1.0 is left out, which changes no bit of a product).
+            b_total = current.total if current is not None else -1.0
+            b_w: _Worker | None = None
+            b_ttft = b_tbt = b_lat = b_load = b_kv = b_aff = 0.0
+            # Dominance: with every coefficient >= 0 the score falls (weakly, and so does each
+            # rounded step of it) as queue, sessions or KV in use grow. A worker of full
+            # health, not preferred, loaded at least as much as this class's leader (also of
+            # full health and affinity) on every counter its role reads, and of the same KV
+            # capacity, cannot beat it: it is not scored. Same choice, fewer scored.
+            dominance = (
+                pen >= 0.0
+                and cp > 0.0
+                and cd > 0.0
+                and p_tok >= 0.0
+                and p_knee >= 0.0
+                and d_seq >= 0.0
+                and d_ctx >= 0.0
+            )
+            b_plain = False
+            b_q = b_s = b_u = b_cap = 0
+            sample = self._sample(c, preferred)
+            scored += len(sample)
+            for w in sample:
+                if (
+                    b_plain
+                    and w.health == 1.0
+                    and w is not preferred
+                    and (not does_p or w.queue >= b_q)
+                    and (
+                        not does_d
+                        or (w.sessions >= b_s and w.kv_used >= b_u and w.kv_total == b_cap)
+                    )
+                ):
+                    continue
                 ttft = tbt = 0.0
+                load = 1.0
+                latency = 1.0
                 if does_p:
                     q = w.queue
                     ttft = p_base + p_tok * q
                     if q + prompt > knee:
                         ttft += p_knee * (q + prompt - knee)
                     ttft *= cp
+                    # own time / (own time + the queue's wait): phase fit x load is the
+                    # best unloaded prefill time over this worker's predicted TTFT
+                    load = ref_p / (ref_p + max(ttft - p_alone, 0.0))
+                    over_t = ttft / ttft_slo - 1.0
+                    if over_t > 0:
+                        latency = 1.0 + pen * over_t
+                kv = 1.0
                 if does_d:
                     tbt = (d_base + d_seq * w.sessions + d_ctx * w.kv_used) * cd
-                over_t = ttft / ttft_slo - 1.0
-                over_d = tbt / tbt_slo - 1.0
-                latency = 1.0 / (
-                    (1.0 + pen * over_t if over_t > 0 else 1.0)
-                    * (1.0 + pen * over_d if over_d > 0 else 1.0)
-                )
-                load = 1.0 / (1.0 + wait_per_token * w.queue / ttft_slo)
-                if does_d:  # a bigger batch slows every session on it, SLO or not
+                    over_d = tbt / tbt_slo - 1.0
+                    if over_d > 0:
+                        latency = latency * (1.0 + pen * over_d)
+                    # a bigger batch slows every session on it, SLO or not
                     load /= 1.0 + tbt / tbt_slo
-                kv = 1.0
-                if does_d:  # >= 20 % free after: 1; full: 0.3; would evict others: 0.05
-                    free_after = w.kv_total - w.kv_used - need_kv
+                    # >= 20 % free after: 1; full: 0.3; would evict others: 0.05
+                    total_kv = w.kv_total
+                    free_after = total_kv - w.kv_used - need_kv
                     kv = (
-                        kv_floor
+                        0.05
                         if free_after < 0
-                        else 0.3 + 0.7 * min(1.0, free_after / (0.2 * w.kv_total))
+                        else 0.3 + 0.7 * min(1.0, free_after / (0.2 * total_kv))
                     )
-                health = (
-                    1.0
-                    if w.healthy and not w.cordoned
-                    else cfg.cordoned_factor
-                    if w.healthy
-                    else cfg.unhealthy_factor
+                latency = 1.0 / latency
+                total = phase_fit * latency * load * kv
+                health = w.health
+                if health != 1.0:
+                    total *= health
+                affinity = 1.0
+                if w is preferred:
+                    affinity = aff_bonus
+                    total *= affinity
+                if total > b_total or (b_w is None and current is None):
+                    b_total, b_w, b_ttft, b_tbt = total, w, ttft, tbt
+                    b_lat, b_load, b_kv, b_aff = latency, load, kv, affinity
+                    b_plain = dominance and health == 1.0 and affinity == 1.0
+                    b_q, b_s, b_u, b_cap = w.queue, w.sessions, w.kv_used, w.kv_total
+            if b_w is not None:
+                best[slot] = _Cand(
+                    b_total, b_w, b_ttft, b_tbt, phase_fit, b_lat, b_load, b_kv, b_w.health, b_aff
                 )
-                affinity = cfg.affinity_bonus if w is preferred else 1.0
-                total = phase_fit * latency * load * kv * health * affinity
-                if current is None or total > current.total:
-                    current = _Cand(
-                        total, w, ttft, tbt, phase_fit, latency, load, kv, health, affinity
-                    )
-            best[slot] = current
-        return self._decide(req, best, out, estimated, scored, ttft_slo)
+        decision = self._decide(req, best, out, estimated, scored, ttft_slo)
+        self._count_routed(decision, prompt, need_kv)
+        return decision
+
+    def _count_routed(self, d: RouteDecision, prompt: int, need_kv: float) -> None:
+        """Count the request on its workers now; the next heartbeat replaces the counters.
+
+        Without this, every call between two heartbeats sees the same loads and sends its
+        request to the same least-loaded worker (a burst lands on one worker).
+        """
+        first = self._workers.get(d.worker_id)
+        if first is None:
+            return
+        first.queue += prompt
+        dec = self._workers.get(d.decode_worker_id) if d.decode_worker_id else first
+        if dec is not None and dec.cls.role is not Role.PREFILL:
+            dec.sessions += 1
+            dec.kv_used += int(need_kv)
 
     def _validate(
         self, req: RouteRequest
@@ -447,11 +548,8 @@ class Router:
         workers = c.workers
         k = self._cfg.per_class_samples
         n = len(workers)
-        if n <= k:
-            pool = list(workers)
-        else:
-            rnd = self._rng.random
-            pool = [workers[int(rnd() * n)] for _ in range(k)]
+        draw = self._rng.getrandbits
+        pool = list(workers) if n <= k else _draw(draw, workers, n, k, c.small)
         if preferred is not None and preferred.cls is c and preferred not in pool:
             pool.append(preferred)
         return pool
@@ -547,6 +645,44 @@ class Router:
             output_estimated=estimated,
             candidates_scored=scored,
         )
+
+
+def _sample_setsize(k: int) -> int:
+    """Where ``random.Random.sample`` switches from its list branch to its set branch."""
+    setsize = 21
+    if k > 5:
+        setsize += 4 ** math.ceil(math.log(k * 3, 4))
+    return setsize
+
+
+def _draw(
+    getrandbits: Callable[[int], int], population: list[_Worker], n: int, k: int, small: bool
+) -> list[_Worker]:
+    """``random.Random.sample(population, k)``, the same draws from the same generator (so
+    the same workers, call after call), without its per-draw method calls: this ran 6-9
+    times per Route call and cost more than the scoring of the workers it picked. Checked
+    against ``Random.sample`` in tests/core/test_routing_choices.py."""
+    result: list[_Worker] = []
+    if small:
+        pool = list(population)
+        for i in range(k):
+            m = n - i
+            bits = m.bit_length()
+            j = getrandbits(bits)
+            while j >= m:
+                j = getrandbits(bits)
+            result.append(pool[j])
+            pool[j] = pool[m - 1]
+        return result
+    bits = n.bit_length()
+    selected: set[int] = set()
+    for _ in range(k):
+        j = getrandbits(bits)
+        while j >= n or j in selected:
+            j = getrandbits(bits)
+        selected.add(j)
+        result.append(population[j])
+    return result
 
 
 def _scaled(t: ScoreTerms, factor: float) -> ScoreTerms:

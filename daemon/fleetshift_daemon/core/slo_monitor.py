@@ -31,7 +31,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from fleetshift_common.errors import InvalidArgument
+from fleetshift_common.vocabulary import Role
+from fleetshift_daemon.core.fleet import WorkerCounters
 
+KV_BLOCK_TOKENS = 16  # the reference engine's block size; counters report blocks
 _Z99 = 2.3263478740408408  # standard normal quantile of 0.99
 
 
@@ -47,10 +50,48 @@ class LatencySample:
     tbt_p99_ms: float = 0.0
     queue_depth: int = 0
     live_sessions: int = 0
+    # what tells a decode shortage from a prefill one: the worker's role (a decode worker's
+    # queue is hand-offs waiting for KV memory) and its KV use (requests queued on a worker
+    # whose KV is full wait for memory, not for compute)
+    role: Role = Role.MIXED
+    kv_used_tokens: int = 0
+    kv_total_tokens: int = 0
 
     @property
     def has_latency(self) -> bool:
         return self.ttft_p50_ms > 0 or self.tbt_p50_ms > 0
+
+    def kv_full(self, fraction: float) -> bool:
+        return self.kv_total_tokens > 0 and self.kv_used_tokens >= fraction * self.kv_total_tokens
+
+    def decode_side(self, fraction: float) -> bool:
+        """Whether this worker's queue waits on the decode side: hand-offs queued on a decode
+        worker, or prompts queued on a prefill worker whose KV is full (held by prompts whose
+        hand-off waits for decode memory). A mixed worker's queue counts as prompts waiting:
+        a full KV there is short of both phases at once (see ``memory_bound``)."""
+        return self.role is Role.DECODE or (self.role is Role.PREFILL and self.kv_full(fraction))
+
+    def memory_bound(self, fraction: float) -> bool:
+        """Requests wait on this worker behind a KV at least ``fraction`` full."""
+        return self.queue_depth > 0 and self.kv_full(fraction)
+
+
+def sample_from_counters(counters: WorkerCounters, model: str, role: Role) -> LatencySample:
+    """A heartbeat's worker counters as the monitor reads them: the one conversion the daemon
+    (real heartbeats) and the simulator (its simulated workers' counters) both use."""
+    return LatencySample(
+        counters.worker_id,
+        model,
+        counters.ttft_p50_ms,
+        counters.ttft_p99_ms,
+        counters.tbt_p50_ms,
+        counters.tbt_p99_ms,
+        counters.queue_depth,
+        counters.live_sessions,
+        role,
+        counters.kv_blocks_used * KV_BLOCK_TOKENS,
+        counters.kv_blocks_total * KV_BLOCK_TOKENS,
+    )
 
 
 @dataclass(frozen=True)
@@ -66,6 +107,12 @@ class SloMonitorConfig:
     queue_growth_rounds: int = 3
     queue_growth_factor: float = 2.0
     queue_floor: int = 1  # a queue at or below this is never "growing"
+    # A worker whose KV is at least this full with requests queued is memory-bound: its
+    # queue is a decode shortage (issue 11: hand-offs waiting for decode KV held the prefill
+    # workers' memory, their prompt queues grew, and every such queue was read as a prefill
+    # shortage). A block-granular allocator is "full" a few blocks short of its total, and a
+    # long request needs a few percent of it; 0.9 is that bar, not tuned.
+    kv_full_fraction: float = 0.9
 
     def __post_init__(self) -> None:
         if not 0 < self.target < 1:
@@ -76,6 +123,8 @@ class SloMonitorConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise InvalidArgument(f"{name} must be >= 0", field=name)
+        if not 0 < self.kv_full_fraction <= 1:
+            raise InvalidArgument("kv_full_fraction must be in (0, 1]", field="kv_full_fraction")
         if self.queue_growth_rounds < 1 or not self.queue_growth_factor >= 1:
             raise InvalidArgument(
                 "queue_growth_rounds >= 1 and queue_growth_factor >= 1 required",
@@ -104,17 +153,30 @@ class SloAssessment:
     # which phase misses: the latest round's TTFT and TBT shares, and whether queues grow
     ttft_current: float | None = None
     tbt_current: float | None = None
-    queue_growing: bool = False
+    queue_growing: bool = False  # either side's
+    # the queue split by the side it waits on (see ``LatencySample.decode_side``), and
+    # whether any worker now holds requests queued behind a full KV
+    prefill_queue_growing: bool = False
+    decode_queue_growing: bool = False
+    memory_bound: bool = False  # some worker has requests queued behind a full KV
+    handoff_blocked: bool = False  # ... and it is a split worker (hand-offs wait on memory)
 
     @property
     def prefill_short(self) -> bool:
-        return self.queue_growing or (
-            self.ttft_current is not None and self.ttft_current < self.target
-        )
+        """Prompts wait for prefill compute: their queue grows, or TTFT misses while no
+        hand-off waits for decode memory (a prompt blocked behind KV held for a hand-off
+        misses its TTFT too, and more prefill would only queue more hand-offs)."""
+        if self.prefill_queue_growing:
+            return True
+        ttft_miss = self.ttft_current is not None and self.ttft_current < self.target
+        return ttft_miss and not (self.handoff_blocked or self.decode_queue_growing)
 
     @property
     def decode_short(self) -> bool:
-        return self.tbt_current is not None and self.tbt_current < self.target
+        """Decode capacity (compute or KV memory) is short: TBT misses, hand-offs queue up,
+        or requests wait behind a full KV."""
+        tbt_miss = self.tbt_current is not None and self.tbt_current < self.target
+        return tbt_miss or self.decode_queue_growing or self.memory_bound
 
     @property
     def gap(self) -> float:
@@ -213,7 +275,12 @@ class SloMonitor:
         latest = _latest_per_worker(state.rounds)
         current = _weighted(latest.values(), slo)
         attainment = _weighted((s for r in state.rounds for s in r.samples.values()), slo)
-        growing = self._queue_growing(state, latest)
+        frac = cfg.kv_full_fraction
+        grow_p = self._queue_growing(state, lambda s: not s.decode_side(frac))
+        grow_d = self._queue_growing(state, lambda s: s.decode_side(frac))
+        growing = grow_p or grow_d
+        full = [s for s in latest.values() if s.memory_bound(frac)]
+        split_full = any(s.role is not Role.MIXED for s in full)
         at_risk = (current is not None and current < cfg.target) or growing
         # No latency at all (no request finished in the window) misses nothing: an idle
         # model's surplus may retire once the hold has passed.
@@ -240,16 +307,21 @@ class SloMonitor:
             _weighted(latest.values(), ttft_slo),
             _weighted(latest.values(), tbt_slo),
             growing,
+            grow_p,
+            grow_d,
+            bool(full),
+            split_full,
         )
 
-    def _queue_growing(self, state: _ModelState, latest: dict[str, LatencySample]) -> bool:
-        """The summed queue (each worker's latest report as of each round) rose in each of
-        the last rounds and ended well above where the rise started."""
+    def _queue_growing(self, state: _ModelState, counted: Callable[[LatencySample], bool]) -> bool:
+        """The summed queue of the workers ``counted`` picks (each worker's latest report as
+        of each round) rose in each of the last rounds and ended well above where the rise
+        started."""
         cfg = self._cfg
         seen: dict[str, int] = {}
         totals: list[int] = []
         for r in state.rounds:
-            seen.update({w: s.queue_depth for w, s in r.samples.items()})
+            seen.update({w: s.queue_depth if counted(s) else 0 for w, s in r.samples.items()})
             totals.append(sum(seen.values()))
         hist = totals[-(cfg.queue_growth_rounds + 1) :]
         if len(hist) < cfg.queue_growth_rounds + 1 or hist[-1] <= cfg.queue_floor:

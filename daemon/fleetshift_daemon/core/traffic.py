@@ -14,10 +14,11 @@ the span those samples cover, and rates are computed over that span.
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,6 +116,7 @@ class TrafficMonitor:
     def __init__(self, clock: Callable[[], float], config: TrafficConfig | None = None) -> None:
         self._clock = clock
         self._config = config or TrafficConfig()
+        self._started = clock()  # workers born after this were counted from their first token
         self._models: dict[str, _ModelWindow] = {}
         self._lock = threading.Lock()
         self._context_tokens: dict[str, int] = {}
@@ -155,10 +157,47 @@ class TrafficMonitor:
             w.requests.append((now, *bounded))
             self._evict(w, now)
 
+    def observe_requests_at(self, model: str, arrivals: Iterable[tuple[float, int, float]]) -> int:
+        """Requests another daemon replica routed, each ``(time on this clock, prompt,
+        output)``: the leader plans on the whole fleet's arrivals, not only on the share it
+        answered itself (issue 17). Held to the same bounds as ``observe_request``, and merged
+        in time order (burst sizing reads the arrival process). Returns how many were kept."""
+        limit = self._context_tokens.get(model, MAX_CONTEXT_TOKENS)
+        rows: list[tuple[float, int, float]] = []
+        for at, prompt, out in arrivals:
+            if prompt <= 0 or not (math.isfinite(at) and math.isfinite(out) and out >= 0):
+                continue
+            bounded = bounded_observation(prompt, out, limit)
+            if bounded is not None:
+                rows.append((at, *bounded))
+        if not rows:
+            return 0
+        rows.sort()
+        now = self._clock()
+        with self._lock:
+            w = self._window(model)
+            later: list[tuple[float, int, float]] = []
+            while w.requests and w.requests[-1][0] > rows[0][0]:
+                later.append(w.requests.pop())
+            w.requests.extend(heapq.merge(rows, reversed(later)))
+            self._evict(w, now)
+        return len(rows)
+
     def observe_counters(
-        self, worker_id: str, model: str, prefill_tokens_total: int, decode_tokens_total: int
+        self,
+        worker_id: str,
+        model: str,
+        prefill_tokens_total: int,
+        decode_tokens_total: int,
+        born_at: float | None = None,
     ) -> None:
-        """Cumulative token counters of one worker; a counter that went back means a restart."""
+        """Cumulative token counters of one worker; a counter that went back means a restart.
+
+        The first sight of a worker is only a baseline, since its counts may predate this
+        monitor, unless ``born_at`` (when the daemon created the worker, on this clock) says
+        the worker started while this monitor watched: then every count is new and is taken
+        from zero. Without it a fresh worker's first heartbeat interval of tokens, often its
+        first burst, was missing from the mix."""
         if prefill_tokens_total < 0 or decode_tokens_total < 0:
             raise InvalidArgument("token counters must be >= 0", field="prefill_tokens_total")
         now = self._clock()
@@ -167,6 +206,8 @@ class TrafficMonitor:
             prev = w.last_totals.get(worker_id)
             w.last_totals[worker_id] = (prefill_tokens_total, decode_tokens_total)
             seen, w.last_seen[worker_id] = w.last_seen.get(worker_id, now), now
+            if prev is None and born_at is not None and self._started <= born_at <= now:
+                prev, seen = (0, 0), born_at
             if prev is None:
                 return
             dp = prefill_tokens_total - prev[0]
@@ -205,6 +246,22 @@ class TrafficMonitor:
             self._evict(w, now)
             reqs = np.array(w.requests, dtype=float).reshape(-1, 3)
         return reqs[:, 0], reqs[:, 1], reqs[:, 2]
+
+    def requests_since(self, model: str, since: float) -> list[tuple[float, int, float]]:
+        """The window's requests of ``model`` that arrived after ``since``, oldest first: what
+        a follower replica publishes each round. O(those requests), not O(window), since it
+        runs every second beside the Route calls that share the lock."""
+        with self._lock:
+            w = self._models.get(model)
+            if w is None:
+                return []
+            out = []
+            for row in reversed(w.requests):
+                if row[0] <= since:
+                    break
+                out.append(row)
+        out.reverse()
+        return out
 
     def models(self) -> tuple[str, ...]:
         with self._lock:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,6 +28,8 @@ from fleetshift_daemon.core.fleet import WorkerCounters
 from fleetshift_daemon.core.perfmodel import Dtype
 
 WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+# How many ended sessions the table remembers the last worker of (about 64 bytes each).
+ENDED_SESSIONS_KEPT = 65_536
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,9 @@ class WorkerReport:
     counters: WorkerCounters | None = None
     sessions: tuple[str, ...] = ()
     role_epoch: int = 0
+    # Sessions that finished on the worker with no client reading them: it still holds their
+    # tokens, and a client coming back must be sent there (see locate_session).
+    unread: tuple[str, ...] = ()
 
 
 class WorkerStore(Protocol):
@@ -104,14 +110,32 @@ class WorkerTable:
         self._by_node: dict[str, set[str]] = {}  # heartbeats reconcile one node in O(its workers)
         self._lock = threading.RLock()
         self._listeners: list[Callable[[], None]] = []
+        # session id -> the worker that last listed it. A session can end on a worker while
+        # its client is away (a move's target finishes it before the client re-attaches);
+        # the worker still holds its tokens, and the client must be told where to read them.
+        # Kept in memory only: a restarted daemon relearns it from the workers' reports of
+        # their unread sessions (WorkerReport.unread).
+        self._last_worker_of: OrderedDict[str, str] = OrderedDict()
+        # Workers this process adopted from a report: their created_at is when we first saw
+        # them, not when they started, so their counters may hold hours of history.
+        self._adopted: set[str] = set()
 
     def load(self) -> None:
+        stored = self._store.load_workers()
         with self._lock:
-            self._workers = {}
-            self._by_node = {}
-            for worker in self._store.load_workers():
-                self._put(worker)
+            self._replace_all(stored)
         self._changed()
+
+    def _replace_all(self, workers: Iterable[WorkerRecord]) -> None:
+        """Swap in a whole new table at once. Readers (Route's index rebuild on the event
+        loop) take no lock: filling the live dict in place let one read it half-filled, or
+        empty, while a follower's refresh ran in its thread."""
+        table: dict[str, WorkerRecord] = {}
+        by_node: dict[str, set[str]] = {}
+        for worker in workers:
+            table[worker.id] = worker
+            by_node.setdefault(worker.node, set()).add(worker.id)
+        self._workers, self._by_node = table, by_node
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Called after every change of the table (the router rebuilds its index from it)."""
@@ -125,6 +149,8 @@ class WorkerTable:
         old = self._workers.get(worker.id)
         if old is not None and old.node != worker.node:
             self._by_node.get(old.node, set()).discard(worker.id)
+        if old is not None and old.sessions != worker.sessions:
+            self._remember_ended(worker.id, set(old.sessions).difference(worker.sessions))
         self._workers[worker.id] = worker
         self._by_node.setdefault(worker.node, set()).add(worker.id)
 
@@ -143,7 +169,7 @@ class WorkerTable:
         return sorted(
             (
                 w
-                for w in self._workers.values()
+                for w in list(self._workers.values())  # a copy: writers run in other threads
                 if (node is None or w.node == node) and (model is None or w.spec.model == model)
             ),
             key=lambda w: w.id,
@@ -212,6 +238,7 @@ class WorkerTable:
                 known = self._workers.get(report.worker_id)
                 if known is None or known.node != node:
                     continue
+                self._remember_ended(known.id, report.unread)
                 newer = report.role_epoch >= known.role_epoch
                 self._put(
                     dataclasses.replace(
@@ -241,9 +268,7 @@ class WorkerTable:
                 fresh[worker.id] = worker
             changed = fresh != old
             if changed:
-                self._workers, self._by_node = {}, {}
-                for worker in fresh.values():
-                    self._put(worker)
+                self._replace_all(fresh.values())
         if changed:
             self._changed()
         return changed
@@ -266,6 +291,8 @@ class WorkerTable:
             )
             self._store.save_worker(adopted)
             self._put(adopted)
+            self._remember_ended(adopted.id, report.unread)
+            self._adopted.add(adopted.id)
             return True
         if known.node != node:
             raise FailedPrecondition(
@@ -295,10 +322,32 @@ class WorkerTable:
         if durable:
             self._store.save_worker(updated)
         self._put(updated)
+        self._remember_ended(updated.id, report.unread)
         return durable
 
+    def born_at(self, worker: WorkerRecord) -> float | None:
+        """When the worker started, if this daemon knows it (it created the worker)."""
+        return None if worker.id in self._adopted else worker.created_at
+
+    def _remember_ended(self, worker_id: str, session_ids: Iterable[str]) -> None:
+        trail = self._last_worker_of
+        for session_id in session_ids:
+            trail[session_id] = worker_id
+            trail.move_to_end(session_id)
+        while len(trail) > ENDED_SESSIONS_KEPT:
+            trail.popitem(last=False)
+
     def locate_session(self, session_id: str) -> WorkerRecord | None:
-        for worker in self._workers.values():
+        """The live worker that lists the session; else the live worker that listed it last.
+
+        A session that ended (or moved on, or was dropped) leaves the last worker to list it
+        on record: a session that finished on a move's target before its client re-attached
+        is still readable there, and a client told NOT_FOUND would wait in vain. A worker
+        also reports the sessions it finished that no client has read, so the record is
+        rebuilt by a restarted daemon (and a follower) from the next heartbeats."""
+        workers = list(self._workers.values())  # a copy: writers run in other threads
+        for worker in workers:
             if worker.state.alive and session_id in worker.sessions:
                 return worker
-        return None
+        last = self._workers.get(self._last_worker_of.get(session_id, ""))
+        return last if last is not None and last.state.alive else None

@@ -21,6 +21,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 from rich.console import Console
@@ -29,6 +30,7 @@ from rich.live import Live
 from fleetshift.v1 import fleet_pb2 as fpb
 from fleetshift_common.helpformat import DefaultsHelpFormatter
 from fleetshift_daemon.demo import report
+from fleetshift_daemon.demo.carriers import Carriers, operator_move
 from fleetshift_daemon.demo.replay import StreamRecord, openai_client, replay
 from fleetshift_daemon.demo.verify import Verdict, count_check, crossed_a_move, reference_check
 from fleetshift_daemon.demo.view import render, status_line
@@ -58,6 +60,10 @@ PLANNER = (
     "automatic = true\nmax_moves_in_flight = 2\nmax_moves_per_model = 2\n"
 )
 DEFAULT_TRACE = "../shared/traces/azure_llm_2023_conv.csv"
+# 180 s: the planner alarms a few seconds after the mix turns at half, acts 10 s later, and
+# its steps (worker starts of 12-35 s on this CPU) finish before the end; 240 s added only
+# a minute of settled traffic to the wall time.
+DURATION_S = 180.0
 SETTLE_TIMEOUT_S = 180.0  # after the last request: wait this long at most for running moves
 
 
@@ -90,7 +96,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a 45 s replay (tests, a quick look); same story, fewer requests",
     )
-    p.add_argument("--duration", type=float, default=240.0, help="replay seconds")
+    p.add_argument("--duration", type=float, default=DURATION_S, help="replay seconds")
     p.add_argument("--compress", type=float, default=4.0, help="trace seconds per replay second")
     p.add_argument(
         "--rate",
@@ -145,6 +151,7 @@ class Demo:
         ).resolve()
         self.fleet: LocalFleet | None = None
         self.records: list[StreamRecord] = []
+        self.carried: list[StreamRecord] = []  # the long streams kept open while moves run
         self.model = args.preset  # the name the openai client asks for
         self.reference_endpoint = ""
 
@@ -216,9 +223,14 @@ class Demo:
             f"replaying {workload.description}; the mix turns decode-heavy at "
             f"{workload.turn_at_s:.0f} s"
         )
-        watch_state, verdict = asyncio.run(self._replay(workload, model_dir))
+        watch_state, verdict = asyncio.run(self._replay(workload, model_dir, config))
         lines = report.summary_lines(
-            workload, self.records, watch_state, verdict, self.args.check == "all"
+            workload,
+            self.records,
+            watch_state,
+            verdict,
+            self.args.check == "all",
+            carriers=self.carried,
         )
         self.say("")
         self.say("Summary")
@@ -233,7 +245,9 @@ class Demo:
                 time.sleep(3600)
         return 0 if verdict.clean and not verdict.failed else 1
 
-    async def _replay(self, workload: Workload, model_dir: Path) -> tuple[FleetWatch, Verdict]:
+    async def _replay(
+        self, workload: Workload, model_dir: Path, config: dict[str, Any]
+    ) -> tuple[FleetWatch, Verdict]:
         assert self.fleet is not None
         fleet = self.fleet
         live = self.console.is_terminal and not self.args.no_live
@@ -244,20 +258,42 @@ class Demo:
             watcher = asyncio.create_task(watch(fw, stop))
             shower = asyncio.create_task(self._show(fw, workload, stop, live))
             client = openai_client(fleet.gateway_url)
+            carriers = Carriers(
+                client,
+                self.model,
+                fw,
+                started,
+                int(config["max_position_embeddings"]),
+                int(config["vocab_size"]),
+                records=self.carried,
+            )
+            stop_carriers = asyncio.Event()
+            carrying = asyncio.create_task(carriers.run(stop_carriers))
             try:
                 await replay(client, self.model, workload, self.records, started)
                 await self._settle(fw)
+                if not any(s.sessions_carried for s in fw.steps_done()):
+                    self.say(
+                        f"[{fw.now():6.1f} s] no move carried a live session so far: the demo "
+                        "moves the worker holding the most open streams itself, as an operator "
+                        "would, with long streams kept open through the move"
+                    )
+                    await operator_move(daemon, carriers, NODES)
+                stop_carriers.set()
+                await carrying
                 await asyncio.sleep(2)
             finally:
+                stop_carriers.set()
                 stop.set()
-                await asyncio.gather(watcher, shower)
+                await asyncio.gather(watcher, shower, carrying)
                 await client.close()
             verdict = Verdict()
-            count_check(self.records, verdict)
+            streams = self.records + self.carried
+            count_check(streams, verdict)
             steps = list(fw.steps.values())
             chosen = [
                 r
-                for r in self.records
+                for r in streams
                 if not r.error and (self.args.check == "all" or crossed_a_move(r, steps))
             ]
             endpoint = self.reference_endpoint

@@ -64,11 +64,12 @@ async def replay(
             await asyncio.sleep(delay)
         record = StreamRecord(req, sent_at=time.monotonic() - started)
         records.append(record)
-        tasks.append(asyncio.create_task(_one(client, model, record, started)))
+        tasks.append(asyncio.create_task(send_one(client, model, record, started)))
     await asyncio.gather(*tasks)
 
 
-async def _one(client: Any, model: str, record: StreamRecord, started: float) -> None:
+async def send_one(client: Any, model: str, record: StreamRecord, started: float) -> None:
+    """One streamed request, recorded as the client sees it; an error is recorded, not raised."""
     req = record.request
     try:
         stream = await client.completions.create(

@@ -9,8 +9,8 @@ import numpy as np
 
 from fleetshift_daemon.demo.replay import StreamRecord
 from fleetshift_daemon.demo.verify import Verdict
-from fleetshift_daemon.demo.watch import FleetWatch
-from fleetshift_daemon.demo.workload import DECODE_HEAVY, PROMPT_HEAVY, Workload
+from fleetshift_daemon.demo.watch import FleetWatch, Step
+from fleetshift_daemon.demo.workload import CARRIER, DECODE_HEAVY, PROMPT_HEAVY, Workload
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -19,7 +19,7 @@ def _pct(values: Sequence[float], q: float) -> float:
 
 def latency_lines(records: Sequence[StreamRecord]) -> list[str]:
     out = []
-    for phase in (PROMPT_HEAVY, DECODE_HEAVY):
+    for phase in (PROMPT_HEAVY, DECODE_HEAVY, CARRIER):
         rs = [r for r in records if r.request.phase == phase and r.first_at is not None]
         ttft = [r.ttft_s or 0.0 for r in rs]
         gaps = [g for r in rs for g in r.gaps_s()]
@@ -33,13 +33,37 @@ def latency_lines(records: Sequence[StreamRecord]) -> list[str]:
     return out
 
 
+def _why_none_carried(moves: Sequence[Step], records: Sequence[StreamRecord]) -> list[str]:
+    """When moves ran and none carried a session, the figures that say why: a moving worker
+    serves until its target has started, then takes no new session and carries what is open
+    on it at that moment, so a run of short streams can leave it none to carry."""
+    relocations = [
+        s for s in moves if s.kind in ("warm move", "cold move") and s.finished and s.started
+    ]
+    if not relocations or any(s.sessions_carried for s in moves) or not records:
+        return []
+    longest = max(r.ended_at - r.sent_at for r in records)
+    return [
+        f"  (no stream was open on a moved worker when its target had started and its "
+        f"sessions were copied; the longest stream lasted {longest:.1f} s)"
+    ]
+
+
+def _by_planner(watch: FleetWatch, step: Step) -> bool:
+    op = watch.operations.get(step.op_id)
+    return op is None or op.requested_by.startswith("planner")
+
+
 def summary_lines(
     workload: Workload,
     records: Sequence[StreamRecord],
     watch: FleetWatch,
     verdict: Verdict,
     check_all: bool,
+    carriers: Sequence[StreamRecord] = (),
 ) -> list[str]:
+    """``records`` are the replay's streams; ``carriers`` the long ones the demo kept open
+    while moves ran (``demo.carriers``), reported on their own line."""
     served = sum(1 for r in records if not r.error and r.finish_reason)
     failed = len(verdict.failed)
     tokens = sum(len(r.texts) for r in records)
@@ -47,18 +71,28 @@ def summary_lines(
     carried = sum(s.sessions_carried for s in moves)
     kinds: dict[str, int] = {}
     for s in moves:
-        kinds[s.kind] = kinds.get(s.kind, 0) + 1
+        kind = s.kind if _by_planner(watch, s) else f"{s.kind} (the demo's operator move)"
+        kinds[kind] = kinds.get(kind, 0) + 1
     effs = [s.efficiency for s in watch.samples if s.efficiency is not None]
     lines = [
         f"requests served: {served} of {len(workload.requests)} "
         f"({tokens:,} tokens streamed through the gateway)"
         + (f"; {failed} failed with an error the client saw" if failed else ""),
-        "steps the planner ran: "
+        "steps run: "
         + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none")
         + f"; sessions moved: {carried}",
     ]
+    if carriers:
+        kept = sum(1 for r in carriers if not r.error and r.finish_reason)
+        lines.append(
+            f"  long streams kept open while moves ran (so a moving worker has live sessions to "
+            f"carry): {len(carriers)} ({kept} served, {sum(len(r.texts) for r in carriers):,} "
+            "tokens)"
+        )
+    lines.extend(_why_none_carried(moves, [*records, *carriers]))
     for s in sorted(moves, key=lambda s: s.started or 0.0):
-        lines.append(f"  {s.started or 0:6.1f} s  {s.line()}: carried {s.sessions_carried}")
+        who = "" if _by_planner(watch, s) else " (operator move)"
+        lines.append(f"  {s.started or 0:6.1f} s  {s.line()}{who}: carried {s.sessions_carried}")
     for s in watch.steps.values():
         if s.state in ("pending", "running"):
             lines.append(f"  {s.started or 0:6.1f} s  {s.line()}: still {s.state} at the end")
@@ -90,7 +124,7 @@ def summary_lines(
             f"(threshold {watch.threshold:.2f})"
         )
     lines.append("latency through the gateway (this CPU, not a GPU):")
-    lines.extend(latency_lines(records))
+    lines.extend(latency_lines([*records, *carriers]))
     return lines
 
 

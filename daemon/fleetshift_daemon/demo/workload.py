@@ -19,6 +19,7 @@ import numpy as np
 from fleetshift_daemon.sim.trace import Phase, Shape, fit_context, load_trace, shifting_mix
 
 PROMPT_HEAVY, DECODE_HEAVY = "prompt-heavy", "decode-heavy"
+CARRIER = "carrier"  # a long stream kept open while a move runs (``demo.carriers``)
 FIRST_PLAIN_TOKEN = 300  # past the byte tokens and the special tokens of make_model's tokenizer
 
 

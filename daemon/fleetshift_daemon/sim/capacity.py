@@ -157,8 +157,21 @@ class Trier:
         )
 
 
-def search_design(trier: Trier, design: Design, rate: float, log: Callable[[str], None]) -> Search:
-    """The cheapest passing fleet of ``design`` (ties: fewer machines)."""
+SplitPolicy = Callable[[int], Policy]  # prompt-pool size -> the split's scheduling policy
+
+
+def search_design(
+    trier: Trier,
+    design: Design,
+    rate: float,
+    log: Callable[[str], None],
+    split: SplitPolicy = FixedSplit,
+) -> Search:
+    """The cheapest passing fleet of ``design`` (ties: fewer machines).
+
+    ``split`` schedules a split design: ``FixedSplit`` (pools never lend) or Splitwise's own
+    ``mixed_pool.MixedPoolSplit`` (an overloaded pool borrows machines of the other).
+    """
     found = Search(design.name, rate)
     if design.decode_kind is None:
         for n in range(1, MAX_MACHINES + 1):
@@ -168,16 +181,23 @@ def search_design(trier: Trier, design: Design, rate: float, log: Callable[[str]
                 found.best = trial
                 return found
         return found
-    return _search_split(trier, design, found, log)
+    return _search_split(trier, design, found, log, split)
 
 
 def _search_split(
-    trier: Trier, design: Design, found: Search, log: Callable[[str], None]
+    trier: Trier,
+    design: Design,
+    found: Search,
+    log: Callable[[str], None],
+    split: SplitPolicy = FixedSplit,
 ) -> Search:
     """For each prompt-pool size, the smallest token pool that passes, under the cost bound.
 
     A token pool that already meets TBT while TTFT stays over and did not improve by a tenth
     with the last token machine is taken as prompt-bound: the next prompt-pool size is tried.
+    So is one whose last ``FLAT_STEPS`` token machines improved neither p99 by a tenth (with
+    Splitwise's mixed pool the token machines take prompts too, so TBT can stay over while
+    the prompt pool is what limits).
     """
     pk, dk = design.prefill_kind, design.decode_kind
     assert dk is not None
@@ -186,11 +206,12 @@ def _search_split(
         if trier.setting.cost([(pk, n_p), (dk, 1)]) >= bound:
             break
         last_ttft = math.inf
+        seen: list[Trial] = []
         for n_d in range(1, MAX_MACHINES - n_p + 1):
             counts = [(pk, n_p), (dk, n_d)]
             if trier.setting.cost(counts) >= bound:
                 break
-            trial = trier.run(counts, FixedSplit(prefill=n_p))
+            trial = trier.run(counts, split(n_p))
             _note(found, trial, log)
             if trial.passed:
                 found.best, bound = trial, trial.cost_per_h
@@ -199,7 +220,26 @@ def _search_split(
             if trial.tbt_p99 <= slo.tbt_multiple and trial.ttft_p99 > 0.9 * last_ttft:
                 break
             last_ttft = trial.ttft_p99
+            seen.append(trial)
+            if _flat(seen):
+                log(f"  {found.label}: {n_p} prompt machines, more token machines do not help")
+                break
     return found
+
+
+FLAT_STEPS = 3
+
+
+def _flat(trials: Sequence[Trial]) -> bool:
+    """The last ``FLAT_STEPS`` trials improved neither p99 slowdown by a tenth."""
+    if len(trials) <= FLAT_STEPS:
+        return False
+    before = trials[-FLAT_STEPS - 1]
+    recent = trials[-FLAT_STEPS:]
+    return (
+        min(t.ttft_p99 for t in recent) > 0.9 * before.ttft_p99
+        and min(t.tbt_p99 for t in recent) > 0.9 * before.tbt_p99
+    )
 
 
 def family_counts(kinds: Sequence[str], n: int) -> list[tuple[str, int]]:

@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from fleetshift_common.errors import FleetShiftError, InvalidArgument
+from fleetshift_common.helpformat import DefaultsHelpFormatter, plain_description
 from fleetshift_daemon.core.perfmodel import PRESETS
 from fleetshift_daemon.sim.engine import SimConfig
 from fleetshift_daemon.sim.fleet import SimFleet, load_fleet, standard_fleet
@@ -58,7 +59,11 @@ SHIFTS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fleetshift simulate", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="fleetshift simulate",
+        description=plain_description(__doc__.split("\n")[0]),
+        formatter_class=DefaultsHelpFormatter,
+    )
     p.add_argument("--fleet", type=Path, help="fleet TOML (default: the 12-node benchmark fleet)")
     p.add_argument(
         "--trace",

@@ -22,6 +22,7 @@ from fleetshift_daemon.core import plans
 from fleetshift_daemon.core import routing as rt
 from fleetshift_daemon.core.burst import BurstConfig, BurstSizer, phase_need, with_need
 from fleetshift_daemon.core.estimator import OutputLengthEstimator
+from fleetshift_daemon.core.fleet import WorkerCounters
 from fleetshift_daemon.core.planning_cycle import (
     LoopConfig,
     PlanningCycle,
@@ -29,10 +30,11 @@ from fleetshift_daemon.core.planning_cycle import (
     restart_s,
 )
 from fleetshift_daemon.core.slo_monitor import (
-    LatencySample,
+    KV_BLOCK_TOKENS,
     SloMonitor,
     SloMonitorConfig,
     SloThresholds,
+    sample_from_counters,
 )
 from fleetshift_daemon.core.traffic import TrafficConfig, TrafficMonitor
 from fleetshift_daemon.sim.engine import Instance, Role, Simulator
@@ -349,7 +351,7 @@ class FleetShift(RouterPolicy):
         # bursts), the same knowledge the static split is deployed with. Free: nothing is
         # running yet.
         inp = self._deploy_input(sim)
-        solution = planner.solve(inp, pl.Placement())
+        solution = self.cycle.best(inp, pl.Placement())[1]
         for inst, role in zip(sim.instances, target_roles(sim, solution.placement), strict=True):
             inst.role = role
             if role is Role.OFF:
@@ -381,27 +383,38 @@ class FleetShift(RouterPolicy):
         return self.cycle.within_fleet(dataclasses.replace(inp, demand={demand.model: sized}))
 
     def _heartbeat(self, sim: Simulator, t: float) -> None:
-        """What the agents would report: completions (for the estimator), token counters,
-        and each worker's latency percentiles and queue over the interval."""
+        """What the agents would report: completions (for the estimator), and each worker's
+        counters (tokens, queue, KV blocks, sessions, latency percentiles over the interval),
+        read by the traffic and SLO monitors as the daemon reads a real heartbeat."""
         assert self.estimator is not None and self.traffic is not None
         fin = sim.log.finish_s
         done = np.flatnonzero((fin > self._fed_until) & (fin <= t))
         name = sim.fleet.arch.name
         for req in done[np.argsort(fin[done], kind="stable")]:
             self.estimator.observe_completion(name, int(sim.prompt[req]), int(sim.output[req]))
-        for inst in sim.instances:
-            self.traffic.observe_counters(
-                worker_id(inst), name, inst.prefill_tokens_done, inst.decode_tokens_done
-            )
+        counters = self._counters(sim, self._fed_until, t, done)
+        for c in counters.values():
+            self.traffic.observe_counters(c.worker_id, name, c.prefill_tokens, c.decode_tokens)
         if self.slo is not None:
-            self.slo.observe(self._latency_reports(sim, self._fed_until, t, done))
+            self.slo.observe(
+                # a worker draining on its way out still reports what it finishes
+                sample_from_counters(c, name, _TO_RT.get(inst.role, rt.Role.MIXED))
+                for inst, c in counters.items()
+                if not (inst.role is Role.OFF and inst.idle)
+            )
         self._fed_until = t
 
-    def _latency_reports(
+    def _counters(
         self, sim: Simulator, since: float, t: float, done: np.ndarray
-    ) -> list[LatencySample]:
-        """Per worker, TTFT of the prompts it prefilled and TBT of the requests it finished
-        in ``(since, t]``. Each simulated request has its own SLO (multiples of its unloaded
+    ) -> dict[Instance, WorkerCounters]:
+        """Per worker, the counters a real worker's heartbeat carries (``WorkerCounters``).
+
+        As vLLM reports them: the queue is the requests waiting, prompts not yet admitted
+        *and* hand-offs waiting on a decode worker for KV memory (issue 11: counting only
+        un-prefilled prompt tokens hid every decode-side backlog, so each growing queue read
+        as a prefill shortage); KV blocks used and total; sessions running or waiting.
+        Latencies: TTFT of the prompts it prefilled and TBT of the requests it finished in
+        ``(since, t]``. Each simulated request has its own SLO (multiples of its unloaded
         times), so a latency is reported as its share of the request's own SLO times the
         planner's SLO for the window's mean request: the monitor judges both alike."""
         assert self._slo is not None
@@ -416,26 +429,26 @@ class FleetShift(RouterPolicy):
         tbt = tbt / (u_tbt[multi] * mult.tbt_multiple)
         pre_of, dec_of = log.prefill_inst[first], log.decode_inst[multi]
         ttft_ms, tbt_ms = self._slo_ms
-        reports = []
+        out = {}
         for inst in sim.instances:
-            if inst.role is Role.OFF and inst.idle:
-                continue
             mine_t, mine_d = ttft[pre_of == inst.idx], tbt[dec_of == inst.idx]
             tp = np.percentile(mine_t, [50, 99]) * ttft_ms if mine_t.size else (0.0, 0.0)
             dp = np.percentile(mine_d, [50, 99]) * tbt_ms if mine_d.size else (0.0, 0.0)
-            reports.append(
-                LatencySample(
-                    worker_id(inst),
-                    sim.fleet.arch.name,
-                    float(tp[0]),
-                    float(tp[1]),
-                    float(dp[0]),
-                    float(dp[1]),
-                    queue_depth=inst.queue_tokens,
-                    live_sessions=inst.batch,
-                )
+            waiting = len(inst.waiting) + len(inst.handoff)
+            out[inst] = WorkerCounters(
+                worker_id(inst),
+                prefill_tokens=inst.prefill_tokens_done,
+                decode_tokens=inst.decode_tokens_done,
+                queue_depth=waiting,
+                kv_blocks_used=math.ceil(inst.kv_used / KV_BLOCK_TOKENS),
+                kv_blocks_total=inst.kv_cap // KV_BLOCK_TOKENS,
+                live_sessions=inst.batch + inst.kv_incoming + len(inst.ready) + waiting,
+                ttft_p50_ms=float(tp[0]),
+                ttft_p99_ms=float(tp[1]),
+                tbt_p50_ms=float(dp[0]),
+                tbt_p99_ms=float(dp[1]),
             )
-        return reports
+        return out
 
     def on_tick(self, sim: Simulator, t: float) -> None:
         self.clock.now = t

@@ -6,21 +6,28 @@ One function builds every trace of the set from the two real traces, determinist
 name                      column     what                                            model
 ========================  =========  ==============================================  ==========
 ``azure-0-30``            tuning     Azure conversation trace, minutes 0-30          llama2-70b
+``mooncake-0-30``         tuning     Mooncake conversation trace, minutes 0-30       llama31-70b
+``tuning-a-then-m``       tuning     azure-0-30's first half, then mooncake-0-30's   llama31-70b
+``tuning-m-then-a``       tuning     mooncake-0-30's first half, then azure-0-30's   llama31-70b
 ``azure-30-58``           held out   the same trace, minute 30 to its end (28 min)   llama2-70b
-``mooncake``              held out   Mooncake conversation trace, the hour           llama31-70b
+``mooncake``              held out   Mooncake conversation trace, minutes 30-60      llama31-70b
 ``poisson``               held out   azure-30-58's requests, Poisson arrivals        llama2-70b
 ``on-off``                held out   azure-30-58's requests, 10x on-off bursts       llama2-70b
 ``ramp``                  held out   azure-30-58's requests, 0.25x -> 1.75x ramp     llama2-70b
-``azure-then-mooncake``   held out   azure-30-58's first 14 min, then Mooncake's     llama31-70b
-``mooncake-then-azure``   held out   Mooncake's first 14 min, then azure-30-58's     llama31-70b
+``azure-then-mooncake``   held out   azure-30-58's first 14 min, then ``mooncake``'s  llama31-70b
+``mooncake-then-azure``   held out   ``mooncake``'s first 14 min, then azure-30-58's  llama31-70b
 ========================  =========  ==============================================  ==========
 
-Only the first 30 minutes of the Azure trace may be used to choose a default (issue 11); every
-other trace uses none of them (the synthetic processes and the mixes take the held-out
-minutes' requests). Azure requests are replayed on Llama-2-70B, the model the defaults were
-tuned with, as every earlier benchmark did: the ones longer than its 4,096-token window are
-replayed anyway and counted (``ValidationTrace.over_window``); Mooncake and the mixes run on
-Llama-3.1-70B, whose window holds every request of both traces (none refused).
+Only the first 30 minutes of each real trace may be used to choose a default (issue 11); every
+held-out trace uses none of them (the synthetic processes and the mixes take the held-out
+minutes' requests). Mooncake's first half became tuning data in round 4, to diagnose an owned
+fleet on long contexts and shifts without looking at held-out traffic; until then the
+``mooncake`` column replayed minutes 0-60 (cut to the span from minute 0).
+
+Azure requests are replayed on Llama-2-70B, the model the defaults were tuned with, as every
+earlier benchmark did: the ones longer than its 4,096-token window are replayed anyway and
+counted (``ValidationTrace.over_window``); Mooncake and the mixes run on Llama-3.1-70B, whose
+window holds every request of both traces (none refused).
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ from fleetshift_daemon.sim.trace import Trace, fit_context, load_trace
 TUNING_END_S = 1800.0
 TRACE_NAMES = (
     "azure-0-30",
+    "mooncake-0-30",
+    "tuning-a-then-m",
+    "tuning-m-then-a",
     "azure-30-58",
     "mooncake",
     "poisson",
@@ -45,7 +55,7 @@ TRACE_NAMES = (
     "azure-then-mooncake",
     "mooncake-then-azure",
 )
-SHIFT_NAMES = ("azure-then-mooncake", "mooncake-then-azure")
+SHIFT_NAMES = ("tuning-a-then-m", "tuning-m-then-a", "azure-then-mooncake", "mooncake-then-azure")
 
 
 @dataclass(frozen=True)
@@ -95,13 +105,32 @@ def validation_traces(
     if not span > 0:
         raise InvalidArgument(f"span must be > 0 s, got {span_s}", field="span")
     azure = load_trace(azure_path)
-    mooncake = load_trace(mooncake_path).window(0.0, span)
+    moon = load_trace(mooncake_path)
+    mooncake = moon.window(TUNING_END_S, TUNING_END_S + span)
+    mooncake = mooncake.shifted(-float(mooncake.arrival_s[0]))
     held = azure.window(TUNING_END_S, TUNING_END_S + span)
     held = held.shifted(-float(held.arrival_s[0]))
     half = min(held.duration_s, mooncake.duration_s) / 2
     tuning = azure.window(0.0, min(TUNING_END_S, span))
+    moon_tuning = moon.window(0.0, min(TUNING_END_S, span))
+    t_half = min(tuning.duration_s, moon_tuning.duration_s) / 2
     build = {
         "azure-0-30": lambda: _counted("azure-0-30", tuning, "llama2-70b", True),
+        "mooncake-0-30": lambda: _counted("mooncake-0-30", moon_tuning, "llama31-70b", True),
+        "tuning-a-then-m": lambda: _counted(
+            "tuning-a-then-m",
+            service_shift(tuning, moon_tuning, t_half).window(0.0, 2 * t_half),
+            "llama31-70b",
+            True,
+            t_half,
+        ),
+        "tuning-m-then-a": lambda: _counted(
+            "tuning-m-then-a",
+            service_shift(moon_tuning, tuning, t_half).window(0.0, 2 * t_half),
+            "llama31-70b",
+            True,
+            t_half,
+        ),
         "azure-30-58": lambda: _counted("azure-30-58", held, "llama2-70b", False),
         "mooncake": lambda: _counted("mooncake", mooncake, "llama31-70b", False),
         "azure-then-mooncake": lambda: _counted(

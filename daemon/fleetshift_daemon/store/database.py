@@ -33,7 +33,9 @@ def normalise_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, pool: int = 5) -> Engine:
+    """``pool``: PostgreSQL connections kept (as many again may overflow); the lease thread
+    takes an engine of its own with ``pool=1``."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
         path = make_url(url).database
@@ -42,7 +44,7 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    return create_engine(url, pool_pre_ping=True, pool_size=pool, max_overflow=pool)
 
 
 def _sqlite_pragmas(dbapi_conn: object, _record: object) -> None:

@@ -40,12 +40,7 @@ class SqlLeaseStore:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
 
     def _now(self, plus_s: float = 0.0) -> ColumnElement[Any]:
-        """The database's clock (PostgreSQL), plus ``plus_s``; SQLite, whose one daemon has
-        no one to disagree with, gets this process's clock."""
-        if self._engine.dialect.name == "postgresql":
-            return func.now() + timedelta(seconds=plus_s)
-        moment = datetime.now(UTC) + timedelta(seconds=plus_s)
-        return literal(moment, LeaderLeaseRow.__table__.c.expires_at.type)
+        return database_now(self._engine, plus_s)
 
     def acquire(self, identity: str, address: str, ttl_s: float) -> LeaseView:
         """Take the lease if it has expired (or this replica was its holder): a new token."""
@@ -121,6 +116,15 @@ class SqlLeaseStore:
     def current(self, identity: str = "") -> LeaseView:
         with self._sessions() as session:
             return _view(session, identity)
+
+
+def database_now(engine: Engine, plus_s: float = 0.0) -> ColumnElement[Any]:
+    """The database's clock (PostgreSQL), plus ``plus_s``; SQLite, whose one daemon has no
+    one to disagree with, gets this process's clock."""
+    if engine.dialect.name == "postgresql":
+        return func.now() + timedelta(seconds=plus_s)
+    moment = datetime.now(UTC) + timedelta(seconds=plus_s)
+    return literal(moment, LeaderLeaseRow.__table__.c.expires_at.type)
 
 
 def _view(session: Session, identity: str) -> LeaseView:

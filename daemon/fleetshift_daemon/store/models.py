@@ -156,3 +156,19 @@ class LeaderLeaseRow(Base):
     token: Mapped[int] = mapped_column(BigInteger, default=0)
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     renewed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class RouteArrivalRow(Base):
+    """One replica's Route arrivals of one model over one publishing interval (migration
+    0005_fs17). ``payload`` is ``[[age_s, prompt_tokens, output_tokens], ...]``, each age
+    counted back from ``created_at`` (the database's clock), so no two hosts' clocks are
+    compared; the leader folds other replicas' rows into its traffic window
+    (``traffic_share.py``)."""
+
+    __tablename__ = "route_arrivals"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    replica: Mapped[str] = mapped_column(String(128))
+    model: Mapped[str] = mapped_column(String(256))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    payload: Mapped[list[list[float]]] = mapped_column(JSON)

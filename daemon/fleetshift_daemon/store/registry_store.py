@@ -2,6 +2,16 @@
 
 Each method is one short transaction; the core decides when to call them, so this module only
 translates between rows and the core's frozen records.
+
+Among daemon replicas (docs/replicas.md) the registry's writes are of two kinds:
+
+- the leader's decisions (a node lost or back, a cordon, the batched heartbeat times) carry
+  the fencing token like every executor write (``lease_store.check_fence``): a deposed
+  leader's are refused by the database and roll back;
+- a registration is the agent's own statement about itself (address, inventory, versions),
+  accepted by whichever replica it reaches. It is not fenced, and it never writes what the
+  leader decides: an existing node's cordon stays as the database has it, so a follower whose
+  view has not caught up with a cordon cannot undo it.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from fleetshift_daemon.core.fleet import (
     NodeState,
     NodeVersions,
 )
+from fleetshift_daemon.store.lease_store import Fence, check_fence
 from fleetshift_daemon.store.models import GpuRow, NodeRow
 
 
@@ -34,8 +45,9 @@ def _to_ts(dt: datetime | None) -> float | None:
 
 
 class SqlRegistryStore:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, fence: Fence | None = None) -> None:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._fence = fence
 
     def load_nodes(self) -> list[NodeRecord]:
         with self._sessions() as session:
@@ -54,7 +66,9 @@ class SqlRegistryStore:
         with self._sessions.begin() as session:
             row = session.scalar(select(NodeRow).where(NodeRow.name == node.name))
             if row is None:
-                row = NodeRow(name=node.name)
+                row = NodeRow(
+                    name=node.name, cordoned=node.cordoned, cordon_reason=node.cordon_reason
+                )
                 session.add(row)
             _fill(row, node)
             # Old GPU rows go first: the unit of work would insert before it deletes and trip
@@ -65,6 +79,7 @@ class SqlRegistryStore:
 
     def update_status(self, name: str, state: NodeState, cordoned: bool, reason: str) -> None:
         with self._sessions.begin() as session:
+            check_fence(session, self._fence)
             session.execute(
                 update(NodeRow)
                 .where(NodeRow.name == name)
@@ -73,6 +88,7 @@ class SqlRegistryStore:
 
     def record_heartbeats(self, seen: Mapping[str, float]) -> None:
         with self._sessions.begin() as session:
+            check_fence(session, self._fence)
             for name, ts in seen.items():
                 session.execute(
                     update(NodeRow).where(NodeRow.name == name).values(last_heartbeat_at=_to_dt(ts))
@@ -82,8 +98,6 @@ class SqlRegistryStore:
 def _fill(row: NodeRow, node: NodeRecord) -> None:
     row.agent_address = node.agent_address
     row.state = node.state.value
-    row.cordoned = node.cordoned
-    row.cordon_reason = node.cordon_reason
     row.inventory_source = node.inventory_source.value
     row.driver_version = node.versions.driver
     row.cuda_version = node.versions.cuda

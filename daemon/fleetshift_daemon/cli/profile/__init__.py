@@ -1,20 +1,26 @@
 """``fleetshift profile``: measure a model on the hardware a running worker has.
 
-Sweeps concurrency geometrically (1, 4, 16, 64, 256) and prompt lengths (128 ... 8k), bounded
+Sweeps concurrency geometrically (1, 4, 16, 64, 256) and prompt lengths (128 to 8192), bounded
 by what the worker reports (KV pool, running-session limit) and the model's context; repeats
 each point; finds the knee; writes ``OUT.csv`` (the reference table's shape), ``OUT.json``
 (the machine and software it ran on, the measured peaks, the knees, the points left out) and
 ``OUT.png`` (throughput and latency against concurrency, knees marked). A worker on the CPU is
 labelled ``cpu-<model name>``, never as a GPU kind.
 
-    fleetshift profile --worker 127.0.0.1:PORT --config MODEL_DIR --out prof/small.csv
+On a fleet with TLS it dials the worker like the rest of the CLI dials the daemon, with the
+fleet CA and the operator's certificate (``--ca``/``--cert``/``--key`` or ``FLEETSHIFT_CA``/
+``_CERT``/``_KEY``); the worker's node must list that operator in its
+``worker_session_callers`` (``operator:NAME``; only routers by default) for the sweep's
+sessions.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import os
 import random
 import sys
 import time
@@ -28,6 +34,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fleetshift.v1 import worker_pb2, worker_pb2_grpc
+from fleetshift_common.config import ConfigError
+from fleetshift_common.helpformat import DefaultsHelpFormatter, plain_description
 from fleetshift_daemon.cli.profile import machine, output
 from fleetshift_daemon.cli.profile.grid import (
     DEFAULT_CONCURRENCY,
@@ -38,9 +46,13 @@ from fleetshift_daemon.cli.profile.grid import (
     misfit,
     plan_grid,
 )
-from fleetshift_daemon.cli.profile.measure import PointFailed, Timing, measure_point
+from fleetshift_daemon.cli.profile.measure import HostSpeed, PointFailed, Timing, measure_point
+from fleetshift_rpc.security import client_credentials
 
 console = Console(stderr=True)
+USAGE_EXAMPLE = (
+    "example: fleetshift profile --worker 127.0.0.1:PORT --config MODEL_DIR --out prof/small.csv"
+)
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 _LOOPBACK = ("127.", "localhost", "[::1]", "::1")
 
@@ -60,10 +72,24 @@ def _ints(text: str) -> list[int]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fleetshift profile",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=plain_description(__doc__),
+        epilog=USAGE_EXAMPLE,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--worker", required=True, help="the worker's WorkerService address")
+    env = os.environ.get
+    p.add_argument(
+        "--ca", default=env("FLEETSHIFT_CA", ""), help="fleet CA: dial over TLS (env FLEETSHIFT_CA)"
+    )
+    p.add_argument(
+        "--cert",
+        default=env("FLEETSHIFT_CERT", ""),
+        help="operator certificate, listed in the node's worker_session_callers "
+        "(env FLEETSHIFT_CERT)",
+    )
+    p.add_argument(
+        "--key", default=env("FLEETSHIFT_KEY", ""), help="its private key (env FLEETSHIFT_KEY)"
+    )
     p.add_argument(
         "--config",
         required=True,
@@ -78,7 +104,12 @@ def parser() -> argparse.ArgumentParser:
         help="the CSV's hardware column (default: cpu-<model name> on a CPU worker, "
         "the GPU product otherwise)",
     )
-    p.add_argument("--max-concurrency", type=int, default=DEFAULT_CONCURRENCY[-1])
+    p.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY[-1],
+        help="the sweep's largest batch, also bounded by the worker's running-session limit",
+    )
     p.add_argument(
         "--prompt-sizes",
         type=_ints,
@@ -106,10 +137,12 @@ def parser() -> argparse.ArgumentParser:
         help="start no new point after this long (0: no limit); points left out "
         "are listed in the sidecar",
     )
-    p.add_argument("--point-timeout-s", type=float, default=900.0)
+    p.add_argument(
+        "--point-timeout-s", type=float, default=900.0, help="give up a point after this long"
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads for the peak figures")
     p.add_argument("--no-peaks", action="store_true", help="skip the matmul and copy timing")
-    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-plot", action="store_true", help="write no OUT.png")
     p.add_argument("--seed", type=int, default=0, help="for the random prompts")
     return p
 
@@ -160,7 +193,12 @@ async def _sweep(
     limits: WorkerLimits,
     args: argparse.Namespace,
     vocab: int,
+    probe: machine.HostProbe | None = None,
+    worker_pid: int | None = None,
 ) -> tuple[list[Timing], list[str]]:
+    """Every point ``args.repeats`` times; with a ``probe``, each run carries the host's speed
+    (the mean of the probes just before and just after it: one probe between two runs); with
+    the local worker's ``worker_pid``, the CPU seconds its process used over the run."""
     rng = random.Random(args.seed)
     timings: list[Timing] = []
     left_out: list[str] = []
@@ -188,8 +226,17 @@ async def _sweep(
                 progress.advance(task, args.repeats)
                 continue
             done = 0
+            before = probe() if probe else None
             while done < args.repeats:
+                cpu0 = _cpu_s(worker_pid)
                 t = await measure_point(channel, point, vocab, rng, args.point_timeout_s)
+                cpu1 = _cpu_s(worker_pid)
+                if cpu0 is not None and cpu1 is not None:
+                    t = dataclasses.replace(t, worker_cpu_s=cpu1 - cpu0)
+                if probe and before:
+                    after = probe()
+                    t = dataclasses.replace(t, host=machine.mean_speed(before, after))
+                    before = after
                 if t.decode_steps_timed < min(args.min_decode_steps, point.token_size - 1):
                     point, why = _longer(point, t, args.min_decode_steps, limits)
                     if why:
@@ -205,6 +252,23 @@ async def _sweep(
                 )
             progress.advance(task, args.repeats - done)
     return timings, left_out
+
+
+def _cpu_s(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    try:
+        return machine.process_cpu_s(pid)
+    except (OSError, ValueError, IndexError):
+        return None  # the worker went away: the sweep's next run says so
+
+
+def _local_worker_pid(address: str) -> int | None:
+    """The local worker's process, found by the port it listens on (None: not found)."""
+    try:
+        return machine.listening_pid(int(address.rsplit(":", 1)[1]))
+    except (ValueError, IndexError):
+        return None
 
 
 def _longer(point: Point, t: Timing, min_steps: int, limits: WorkerLimits) -> tuple[Point, str]:
@@ -236,12 +300,41 @@ def _knee_table(summary: output.Summary) -> Table:
     return table
 
 
+def worker_channel(args: argparse.Namespace) -> grpc.aio.Channel:
+    """Plaintext to a development worker; with ``--ca``, TLS with the given certificate, as
+    ``fleetshift`` dials the daemon (a worker on a TLS node refuses plaintext)."""
+    options = [("grpc.max_receive_message_length", 64 << 20)]
+    if not args.ca:
+        if args.cert or args.key:
+            raise ValueError("--cert and --key need --ca (the fleet CA)")
+        return grpc.aio.insecure_channel(args.worker, options=options)
+    try:
+        creds = client_credentials(args.ca, args.cert, args.key)
+    except (ConfigError, OSError) as err:
+        raise ValueError(f"--ca/--cert/--key: {err}") from None
+    return grpc.aio.secure_channel(args.worker, creds, options=options)
+
+
+def _hint(err: grpc.aio.AioRpcError, args: argparse.Namespace) -> str:
+    """What to change when the worker refused the profiler or could not be reached."""
+    code = err.code()
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return (
+            " (the profiler needs an operator certificate, --cert/--key, that the worker's "
+            "node also lists in worker_session_callers, e.g. operator:NAME: a worker opens "
+            "sessions only for those, routers by default)"
+        )
+    if code == grpc.StatusCode.UNAVAILABLE and not args.ca:
+        return " (a worker on a node with TLS needs --ca and a certificate: --cert/--key)"
+    return ""
+
+
 async def run(args: argparse.Namespace) -> int:
     cfg = read_model_config(args.config)
     local = _is_local(args.worker)
     if args.token_size < 2 or args.repeats < 1 or args.max_concurrency < 1:
         raise ValueError("--token-size must be >= 2, --repeats and --max-concurrency >= 1")
-    async with grpc.aio.insecure_channel(args.worker) as channel:
+    async with worker_channel(args) as channel:
         info = await _get_info(channel)
         hardware = machine.hardware_label(info, local, args.hardware)
         limits = WorkerLimits(
@@ -253,10 +346,22 @@ async def run(args: argparse.Namespace) -> int:
         grid = plan_grid(limits, args.prompt_sizes, args.max_concurrency, args.token_size)
         if not grid.points:
             raise ValueError("no point of the sweep fits the worker: " + "; ".join(grid.skipped))
-        peaks = None
+        peaks, probe, pid = None, None, None
         if local and not args.no_peaks:
             console.print("timing this host's peak matmul and copy rates ...")
             peaks = machine.measure_peaks(args.threads)
+            if machine.runs_on_cpu(info):  # the probe times this host: the worker's only here
+                probe = machine.HostProbe(args.threads)
+                pid = _local_worker_pid(args.worker)
+                # best of 3, as the peaks are a best: a row's probe over this is its speed
+                # relative to the peaks
+                starts = [probe() for _ in range(3)]
+                start = HostSpeed(
+                    max(s.matmul_gflops for s in starts), max(s.copy_gbps for s in starts)
+                )
+                peaks = dataclasses.replace(
+                    peaks, probe_matmul_gflops=start.matmul_gflops, probe_copy_gbps=start.copy_gbps
+                )
         console.print(
             f"profiling {info.model_id} on {hardware}: {len(grid.points)} points x "
             f"{args.repeats} repeats ({len(grid.skipped)} left out by the worker's "
@@ -264,7 +369,9 @@ async def run(args: argparse.Namespace) -> int:
         )
         began = datetime.now(UTC)
         t0 = time.monotonic()
-        timings, left_out = await _sweep(channel, grid, limits, args, int(cfg["vocab_size"]))
+        timings, left_out = await _sweep(
+            channel, grid, limits, args, int(cfg["vocab_size"]), probe, pid
+        )
         wall_s = time.monotonic() - t0
     label = output.ProfileLabel(
         args.model or info.model_id, hardware, info.compat_key.tensor_parallel or 1
@@ -322,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]INVALID_ARGUMENT[/]: {err}")
         return 2
     except grpc.aio.AioRpcError as err:
-        console.print(f"[red]{err.code().name}[/]: {err.details()}")
+        console.print(f"[red]{err.code().name}[/]: {err.details()}{_hint(err, args)}")
         return 1
 
 

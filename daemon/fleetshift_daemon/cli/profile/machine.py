@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from fleetshift.v1 import worker_pb2
+from fleetshift_daemon.cli.profile.measure import HostSpeed
 
 DECLARED = " (declared)"
 
@@ -82,15 +83,24 @@ class Peaks:
         "measured on the profiler's host with torch: a timed float32 n x n matrix product "
         "(2 n^3 FLOPs) and a timed copy of copy_bytes (read + write counted), best of 5"
     )
+    # The per-run probe (``HostProbe``) timed right after the peaks: the rows' host_* columns
+    # divided by these are the host's speed at that row relative to these peaks (0: no probe).
+    probe_matmul_gflops: float = 0.0
+    probe_copy_gbps: float = 0.0
+    # The same matmul and copy per second of this process's CPU time, not of wall time: the
+    # core's own rate while it runs them, whatever share of it other processes take. A run's
+    # ``worker_cpu_share`` times these is the rate the worker had over that run (0: not timed).
+    cpu_matmul_tflops: float = 0.0
+    cpu_copy_gbps: float = 0.0
 
 
-def _best_seconds(fn: Any, runs: int = 5) -> float:
+def _best_seconds(fn: Any, runs: int = 5, clock: Any = time.perf_counter) -> float:
     fn()  # warm-up: allocation and thread pool start
     best = float("inf")
     for _ in range(runs):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best
 
 
@@ -102,9 +112,11 @@ def measure_peaks(threads: int = 0, matmul_n: int = 1024, copy_mb: int = 256) ->
         a = torch.randn(matmul_n, matmul_n)
         b = torch.randn(matmul_n, matmul_n)
         mm_s = _best_seconds(lambda: torch.mm(a, b))
+        mm_cpu_s = _best_seconds(lambda: torch.mm(a, b), clock=time.process_time)
         src = torch.empty(copy_mb << 18)  # float32: 4 bytes each
         dst = torch.empty_like(src)
         copy_s = _best_seconds(lambda: dst.copy_(src))
+        copy_cpu_s = _best_seconds(lambda: dst.copy_(src), clock=time.process_time)
         nbytes = src.numel() * src.element_size()
         return Peaks(
             matmul_tflops=2 * matmul_n**3 / mm_s / 1e12,
@@ -112,9 +124,84 @@ def measure_peaks(threads: int = 0, matmul_n: int = 1024, copy_mb: int = 256) ->
             copy_gbps=2 * nbytes / copy_s / 1e9,
             copy_bytes=nbytes,
             threads=torch.get_num_threads(),
+            cpu_matmul_tflops=2 * matmul_n**3 / max(mm_cpu_s, 1e-6) / 1e12,
+            cpu_copy_gbps=2 * nbytes / max(copy_cpu_s, 1e-6) / 1e9,
         )
     finally:
         torch.set_num_threads(previous)
+
+
+class HostProbe:
+    """A short reference matmul and copy, timed beside every run of a sweep (~50 ms on an idle
+    core: a few percent of a run). Mean rates, not best: under load the probe gets the share
+    of the core the worker got, which is what the run's time reflects. Tensors are allocated
+    once; the copy is larger than a last-level cache so it measures memory, not cache."""
+
+    def __init__(
+        self, threads: int = 0, matmul_n: int = 512, matmul_runs: int = 4, copy_mb: int = 64
+    ) -> None:
+        self._threads = threads
+        self._n, self._runs = matmul_n, matmul_runs
+        self._a, self._b = torch.randn(matmul_n, matmul_n), torch.randn(matmul_n, matmul_n)
+        self._src = torch.empty(copy_mb << 18)  # float32: 4 bytes each
+        self._dst = torch.empty_like(self._src)
+
+    def __call__(self) -> HostSpeed:
+        previous = torch.get_num_threads()
+        if self._threads:
+            torch.set_num_threads(self._threads)
+        try:
+            torch.mm(self._a, self._b)  # warm: the thread pool may have been idle for seconds
+            t0 = time.perf_counter()
+            for _ in range(self._runs):
+                torch.mm(self._a, self._b)
+            mm_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for _ in range(2):
+                self._dst.copy_(self._src)
+            copy_s = time.perf_counter() - t0
+        finally:
+            torch.set_num_threads(previous)
+        nbytes = self._src.numel() * self._src.element_size()
+        return HostSpeed(
+            matmul_gflops=2 * self._n**3 * self._runs / mm_s / 1e9,
+            copy_gbps=2 * 2 * nbytes / copy_s / 1e9,
+        )
+
+
+def listening_pid(port: int, proc: Path = Path("/proc")) -> int | None:
+    """The process of this user listening on TCP ``port`` (the local worker), from the kernel's
+    socket tables; None where none is found (another user's process, or not listening here)."""
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{cols[9]}]")
+    for entry in proc.glob("[0-9]*") if inodes else ():
+        try:
+            if any(os.readlink(fd) in inodes for fd in (entry / "fd").iterdir()):
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+def process_cpu_s(pid: int, proc: Path = Path("/proc")) -> float:
+    """User + system CPU seconds process ``pid`` (all its threads) has used so far."""
+    fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def mean_speed(before: HostSpeed, after: HostSpeed) -> HostSpeed:
+    """A run's host speed: the mean of the probes just before and just after it."""
+    return HostSpeed(
+        (before.matmul_gflops + after.matmul_gflops) / 2, (before.copy_gbps + after.copy_gbps) / 2
+    )
 
 
 def worker_description(info: worker_pb2.WorkerInfo) -> dict[str, Any]:
@@ -135,6 +222,32 @@ def worker_description(info: worker_pb2.WorkerInfo) -> dict[str, Any]:
     }
 
 
+_CPU0 = Path("/sys/devices/system/cpu/cpu0")
+_SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def core_cache_mb(cpu: Path = _CPU0) -> float:
+    """The largest data cache private to one core (shared only with its own SMT threads), MiB,
+    as the kernel reports it; 0.0 where it does not. The performance model takes weights larger
+    than this to be read from memory again by every chunk of rows the reference engine
+    multiplies: a shared last-level cache is also the other processes' and tenants', so what
+    of it the worker keeps is not known."""
+    try:
+        core = (cpu / "topology" / "thread_siblings_list").read_text().strip()
+        best = 0
+        for index in sorted((cpu / "cache").glob("index*")):
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            if (index / "shared_cpu_list").read_text().strip() != core:
+                continue
+            size = (index / "size").read_text().strip()
+            value = int(size.rstrip("KMG")) * _SIZE_UNITS.get(size[-1:], 1)
+            best = max(best, value)
+    except (OSError, ValueError):
+        return 0.0
+    return best / 2**20
+
+
 def memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -144,6 +257,7 @@ def host_description(local: bool, peaks: Peaks | None) -> dict[str, Any]:
         "cpu_model": cpu_model_name(),
         "cpu_cores": os.cpu_count(),
         "memory_gb": round(memory_bytes() / 1e9, 2),
+        "core_cache_mb": core_cache_mb(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch_version": torch.__version__,

@@ -29,6 +29,19 @@ from fleetshift_daemon.cli.profile.grid import Point
 
 
 @dataclass(frozen=True)
+class HostSpeed:
+    """How fast the profiler's host ran a short reference matmul and copy around one run.
+
+    A shared host's speed moves under a sweep (other processes come and go, a CPU throttles),
+    so one peak measured at the start cannot describe every point; the calibration scales the
+    start's peaks by this run's figures against the same probe's at the start.
+    """
+
+    matmul_gflops: float  # float32, the probe's mean rate (not its best: the share it got)
+    copy_gbps: float  # bytes read + written per second, mean rate
+
+
+@dataclass(frozen=True)
 class Timing:
     point: Point
     prompt_s: float
@@ -38,10 +51,17 @@ class Timing:
     # Tokens the first session to start had before the last one got its first: how many
     # steps the batch's prefill was spread over (a chunked-prefill engine staggers it).
     stagger_steps: int
+    host: HostSpeed | None = None  # the host's speed around this run, where it was probed
+    # CPU seconds the worker's process used over the run (a CPU worker on this host): over
+    # ``e2e_s``, the share of a core it got while the machine's other processes ran too
+    worker_cpu_s: float | None = None
 
 
 class PointFailed(Exception):
     pass
+
+
+_REFUSED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
 
 
 async def _one_session(
@@ -103,5 +123,7 @@ async def measure_point(
     except TimeoutError:
         raise PointFailed(f"no answer within {timeout_s:.0f} s") from None
     except grpc.aio.AioRpcError as err:
+        if err.code() in _REFUSED:  # the caller's identity, not the point: say so as such
+            raise
         raise PointFailed(f"{err.code().name}: {err.details()}") from None
     return timing_from_arrivals(point, sent, arrivals)

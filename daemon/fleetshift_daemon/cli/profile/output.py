@@ -3,6 +3,7 @@
 The CSV has the columns of ``../shared/reference/splitwise_perf_llama2_70b.csv`` that carry
 times (one row per repeat, times in ms, like the reference: readers take the median), so the
 same loaders and ``fleetshift calibration`` read a measured profile and the reference alike.
+A sweep that probed its host adds ``HOST_COLUMNS`` after them, which readers may ignore.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 
 from fleetshift_daemon.cli.profile.knee import CurvePoint, Knee, find_knee
 from fleetshift_daemon.cli.profile.measure import Timing
+from fleetshift_daemon.core.measurements import HOST_COLUMNS as HOST_COLUMNS
+from fleetshift_daemon.core.measurements import SHARE_COLUMN as SHARE_COLUMN
 
 COLUMNS = (
     "model",
@@ -30,6 +33,10 @@ COLUMNS = (
     "token_time",
     "e2e_time",
 )
+# ``HOST_COLUMNS`` (the reader's names), optional, after the reference columns: the host's
+# speed around each run (``HostProbe``), written when the sweep probed it (a CPU worker on the
+# profiler's host). ``SHARE_COLUMN``, likewise, where the worker's process was found on this
+# host: its CPU seconds over the run's wall time (``e2e_time``).
 NEED_MATPLOTLIB = (
     "the plot needs matplotlib: pip install 'fleetshift[sim]' (CSV and sidecar written)"
 )
@@ -43,10 +50,21 @@ class ProfileLabel:
 
 
 def write_csv(path: Path, label: ProfileLabel, timings: Sequence[Timing]) -> None:
+    probed = all(t.host for t in timings)
+    shared = all(t.worker_cpu_s is not None for t in timings)
     with path.open("w", newline="") as fh:
         out = csv.writer(fh)
-        out.writerow(COLUMNS)
+        out.writerow(
+            COLUMNS + (HOST_COLUMNS if probed else ()) + ((SHARE_COLUMN,) if shared else ())
+        )
         for t in timings:
+            host: tuple[str, ...] = (
+                (f"{t.host.matmul_gflops:.3f}", f"{t.host.copy_gbps:.3f}")
+                if probed and t.host
+                else ()
+            )
+            if shared and t.worker_cpu_s is not None:
+                host += (f"{t.worker_cpu_s / t.e2e_s:.4f}",)
             out.writerow(
                 (
                     label.model,
@@ -58,6 +76,7 @@ def write_csv(path: Path, label: ProfileLabel, timings: Sequence[Timing]) -> Non
                     f"{t.prompt_s * 1e3:.4f}",
                     f"{t.token_s * 1e3:.4f}",
                     f"{t.e2e_s * 1e3:.4f}",
+                    *host,
                 )
             )
 
