@@ -8,26 +8,29 @@ its own HTTP status, and a failure after it ends the stream with an error event.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import itertools
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 from starlette.applications import Starlette
-from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleetshift.v1 import worker_pb2
 from fleetshift_gateway import requests as parse
 from fleetshift_gateway.errors import ApiError, bad_request, from_rpc
 from fleetshift_gateway.metrics import GatewayMetrics
+from fleetshift_gateway.routes import DEFAULT_ROUTE_CACHE_S, Router
 from fleetshift_gateway.tokenizer import ModelTokenizer
 from fleetshift_gateway.upstream import WorkerChannels, serve
 from fleetshift_rpc.sessions import SessionLost
@@ -44,6 +47,11 @@ class Gateway:
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     channels: WorkerChannels = field(default_factory=WorkerChannels)
     token: str = ""  # non-empty: every /v1 request must carry "Authorization: Bearer <token>"
+    route_cache_s: float = DEFAULT_ROUTE_CACHE_S  # 0: every request waits for its own Route
+    router: Router = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.router = Router(self.daemon, self.route_cache_s, on_answer=self.metrics.route_answer)
 
 
 @dataclass
@@ -54,11 +62,33 @@ class _Call:
     request_id: str
     started: float
     created: int
+    checked: float = 0.0  # time.monotonic() once its body was read and checked
+    routed: float = 0.0  # and once its route was known
+
+    def route_known(self) -> None:
+        self.routed = time.monotonic()
+
+    def server_timing(self, first: float) -> str:
+        """Where the time to the first token went, in ms (the Server-Timing header, W3C):
+        reading and checking the request (``read``), its route (a Route call, or a kept
+        answer), the worker (the gRPC call, prefill, the first token back) and the whole."""
+        checked = self.checked or self.started
+        routed = self.routed or checked
+        return (
+            f"read;dur={(checked - self.started) * 1e3:.3f}, "
+            f"route;dur={(routed - checked) * 1e3:.3f}, "
+            f"upstream;dur={(first - routed) * 1e3:.3f}, "
+            f"total;dur={(first - self.started) * 1e3:.3f}"
+        )
 
     @classmethod
     def new(cls, kind: str) -> _Call:
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         return cls(kind, f"{prefix}-{uuid.uuid4().hex}", time.monotonic(), int(time.time()))
+
+    @property
+    def session_id(self) -> str:
+        return f"gw-{self.request_id}"
 
 
 def build_app(gw: Gateway) -> Starlette:
@@ -88,24 +118,32 @@ def build_app(gw: Gateway) -> Starlette:
         ]
     )
     if gw.token:
-        app.add_middleware(BaseHTTPMiddleware, dispatch=_bearer(gw))
+        app.add_middleware(_Bearer, gw=gw)
     return app
 
 
-def _bearer(gw: Gateway) -> Callable[[Request, Any], Awaitable[Response]]:
+class _Bearer:
     """Like the daemon's operator port: a bearer token, compared in constant time. /health
-    stays open for load balancers."""
-    expected = f"Bearer {gw.token}".encode()
+    stays open for load balancers.
 
-    async def check(request: Request, call_next: Any) -> Response:
-        given = request.headers.get("authorization", "").encode()
-        if request.url.path == "/health" or hmac.compare_digest(given, expected):
-            response: Response = await call_next(request)
-            return response
+    A plain ASGI middleware: Starlette's ``BaseHTTPMiddleware`` passes every streamed event
+    through a memory stream and a second task, ~24 us of CPU per event and +0.5 ms to the
+    first one (``bench/gateway_stream_probe.py``, docs/benchmarks.md round 5)."""
+
+    def __init__(self, app: ASGIApp, gw: Gateway) -> None:
+        self.app, self.gw = app, gw
+        self.expected = f"Bearer {gw.token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/health":
+            await self.app(scope, receive, send)
+            return
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        if hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+            return
         err = ApiError(401, "a valid bearer token is required", code="invalid_api_key")
-        return _refuse(gw, request.url.path, _Call.new("auth"), err)
-
-    return check
+        await _refuse(self.gw, scope["path"], _Call.new("auth"), err)(scope, receive, send)
 
 
 Parser = Callable[[dict[str, Any], dict[str, ModelTokenizer]], parse.Generation]
@@ -116,16 +154,18 @@ async def _generate(gw: Gateway, request: Request, call: _Call, parser: Parser) 
     try:
         raw = await _read_body(request, gw.max_body_bytes)
         gen = parser(parse.parse_body(raw, request.headers.get("content-type", "")), gw.models)
+        call.checked = time.monotonic()
         stream = _tokens(gw, gen, call)
         first = await anext(stream)  # a refusal before the first token keeps its own status
     except ApiError as err:
         return _refuse(gw, endpoint, call, err)
-    gw.metrics.of_model(gen.model.name).ttft.observe(time.monotonic() - call.started)
-    headers = {"x-request-id": call.request_id}
+    now = time.monotonic()
+    gw.metrics.of_model(gen.model.name).ttft.observe(now - call.started)
+    headers = {"x-request-id": call.request_id, "server-timing": call.server_timing(now)}
     gw.metrics.requests.labels(endpoint, "200").inc()
     if gen.stream:
         body = _sse(gw, gen, call, first, stream)
-        return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+        return _EventStream(body, headers)
     try:
         return JSONResponse(await _whole(gw, gen, call, first, stream), headers=headers)
     except ApiError as err:  # nothing sent yet: the failure keeps its own status
@@ -163,13 +203,76 @@ async def _tokens(
     gw: Gateway, gen: parse.Generation, call: _Call
 ) -> AsyncIterator[worker_pb2.GenerateResponse]:
     """The session's tokens; every upstream failure becomes an ApiError."""
+
+    def refused(endpoint: str, err: grpc.aio.AioRpcError) -> None:
+        gw.metrics.split_fallbacks.labels(err.code().name).inc()
+        log.info(
+            "%s hand-over to %s refused (%s: %s): served elsewhere",
+            call.request_id,
+            endpoint,
+            err.code().name,
+            err.details(),
+        )
+
     try:
-        async for msg in serve(gw.daemon, gw.channels, gen, f"gw-{call.request_id}"):
+        async for msg in serve(
+            gw.router, gw.channels, gen, call.session_id, refused, call.route_known
+        ):
             yield msg
     except grpc.aio.AioRpcError as err:
         raise from_rpc(err, gen.model.name) from err
     except SessionLost as err:
         raise ApiError(503, f"the session was lost: {err}", code="session_lost") from err
+
+
+class _EventStream(Response):
+    """A server-sent event stream, written from the request's own task.
+
+    Starlette's ``StreamingResponse`` (under an ASGI 2.3 server such as uvicorn) writes from a
+    second task in an anyio task group, one per stream, while the first waits for the client
+    to go: +0.16 ms to the first event and +0.17 ms of CPU per 64-event stream
+    (``bench/gateway_stream_probe.py``, docs/benchmarks.md round 5). Here a plain asyncio
+    task waits for the disconnect and cancels the request's task, which ends the worker call
+    as before ("client gone")."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str]) -> None:
+        self.events = events
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        state = {"ended": False, "gone": False}
+
+        def client_gone(watcher: asyncio.Future[None]) -> None:
+            if not (state["ended"] or watcher.cancelled()):
+                state["gone"] = True
+                task.cancel()
+
+        watcher = asyncio.ensure_future(_disconnected(receive))
+        watcher.add_done_callback(client_gone)
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for event in self.events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            state["ended"] = True  # the last write completes the response, which ends receive()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not state["gone"]:
+                raise
+            task.uncancel()  # the client went away: nothing is left to answer
+        finally:
+            state["ended"] = True
+            watcher.cancel()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 @dataclass
@@ -184,20 +287,26 @@ async def _pieces(
     first: worker_pb2.GenerateResponse,
     rest: AsyncIterator[worker_pb2.GenerateResponse],
 ) -> AsyncIterator[_Piece]:
-    """One text delta per generated token (empty while a UTF-8 character is incomplete)."""
+    """One text delta per generated token (empty while a UTF-8 character is incomplete).
+
+    The token counter and the TBT histogram are fed once the stream ends (or breaks): an
+    ``observe`` per token cost ~25 us between two tokens, a tenth of the gateway's own
+    per-token work, so the series trail a running stream rather than slow it."""
     decoder, series = gen.model.stream_decoder(), gw.metrics.of_model(gen.model.name)
-    msg, last = first, time.monotonic()
-    while True:
-        text = decoder.push(msg.token)
-        series.tokens.inc()
-        if msg.finished:
-            yield _Piece(text + decoder.flush(), msg.finish_reason or "length")
-            return
-        yield _Piece(text, None)
-        msg = await anext(rest)
-        now = time.monotonic()
-        series.tbt.observe(now - last)
-        last = now
+    msg, stamps = first, [time.monotonic()]
+    try:
+        while True:
+            text = decoder.push(msg.token)
+            if msg.finished:
+                yield _Piece(text + decoder.flush(), msg.finish_reason or "length")
+                return
+            yield _Piece(text, None)
+            msg = await anext(rest)
+            stamps.append(time.monotonic())
+    finally:
+        series.tokens.inc(len(stamps))
+        for before, after in itertools.pairwise(stamps):
+            series.tbt.observe(after - before)
 
 
 async def _whole(

@@ -20,9 +20,11 @@ import uvicorn
 from prometheus_client import start_http_server
 
 from fleetshift_common.config import ConfigError, daemon_config
+from fleetshift_common.helpformat import DefaultsHelpFormatter, plain_description
 from fleetshift_common.logs import setup_logging
 from fleetshift_gateway.app import DEFAULT_MAX_BODY_BYTES, Gateway, build_app
 from fleetshift_gateway.metrics import GatewayMetrics
+from fleetshift_gateway.routes import DEFAULT_ROUTE_CACHE_S
 from fleetshift_gateway.tokenizer import ModelTokenizer
 from fleetshift_gateway.upstream import MAX_MESSAGE_BYTES, WorkerChannels
 from fleetshift_rpc.replicas import aio_daemon_channel
@@ -32,32 +34,60 @@ log = logging.getLogger("fleetshift.gateway")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fleetshift gateway", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="fleetshift gateway",
+        description=plain_description(__doc__),
+        formatter_class=DefaultsHelpFormatter,
+    )
     env = os.environ.get
-    p.add_argument("--daemon", default=env("FLEETSHIFT_DAEMON", "127.0.0.1:50051"))
+    p.add_argument(
+        "--daemon",
+        default=env("FLEETSHIFT_DAEMON", "127.0.0.1:50051"),
+        help="the daemon's HOST:PORT, or every replica's, comma-separated (env FLEETSHIFT_DAEMON)",
+    )
     p.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT (port 0: any free one)")
     p.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: none)")
-    p.add_argument("--model", action="append", default=[], metavar="NAME=DIR")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a model the daemon serves and the directory of its tokenizer.json and config.json "
+        "(repeatable)",
+    )
     p.add_argument("--daemon-config", type=Path, help="read models and model_dir from it")
-    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="a larger request body is refused with 400",
+    )
     p.add_argument(
         "--loop",
         choices=("uvloop", "asyncio"),
         default="uvloop",
-        help="event loop (default: %(default)s, libuv's; asyncio's own is pure Python)",
+        help="event loop: uvloop is libuv's; asyncio's own is pure Python",
     )
     p.add_argument(
         "--http",
         choices=("httptools", "h11"),
         default="httptools",
-        help="HTTP/1.1 parser (default: %(default)s, C; h11 is pure Python)",
+        help="HTTP/1.1 parser: httptools is C; h11 is pure Python",
     )
     p.add_argument(
         "--shutdown-timeout",
         type=int,
         default=20,
-        help="on SIGTERM, seconds streams in flight get to finish (default: %(default)s)",
+        help="on SIGTERM, seconds streams in flight get to finish",
+    )
+    p.add_argument(
+        "--route-cache-s",
+        type=float,
+        default=DEFAULT_ROUTE_CACHE_S,
+        help="reuse the daemon's Route answer for a request of the same model and shape this "
+        "long (every request is still counted by its own Route call, sent after its first "
+        "token); 0: every request waits for its own Route",
     )
     p.add_argument("--token-file", type=Path, help="require this bearer token on /v1 requests")
     p.add_argument("--tls-cert", default="", help="serve HTTPS with this certificate (PEM)")
@@ -126,7 +156,13 @@ async def run(args: argparse.Namespace) -> None:
     async with daemon_channel(args, creds) as daemon:
         token = args.token_file.read_text().strip() if args.token_file else ""
         gw = Gateway(
-            daemon, models, args.max_body_bytes, metrics, WorkerChannels(creds), token=token
+            daemon,
+            models,
+            args.max_body_bytes,
+            metrics,
+            WorkerChannels(creds),
+            token=token,
+            route_cache_s=args.route_cache_s,
         )
         config = uvicorn.Config(
             build_app(gw),
@@ -144,11 +180,14 @@ async def run(args: argparse.Namespace) -> None:
         try:
             await uvicorn.Server(config).serve(sockets=[sock])
         finally:
+            await gw.router.close()
             await gw.channels.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if not 0 <= args.route_cache_s <= 60:  # also refuses nan
+        raise SystemExit(f"--route-cache-s must be 0 to 60 seconds, got {args.route_cache_s}")
     setup_logging()
     with asyncio.Runner(loop_factory=_loop_factory(args.loop)) as runner:
         runner.run(run(args))

@@ -56,6 +56,27 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        self.split_fallbacks = Counter(
+            "fleetshift_gateway_split_fallbacks",
+            "split hand-overs a worker refused (by its gRPC status), the session served elsewhere",
+            ["code"],
+            registry=self.registry,
+        )
+        self.route_answers = Counter(
+            "fleetshift_gateway_route_answers",
+            "where requests' routes came from: daemon (its own Route call), kept (a recent "
+            "answer; the request's counted Route call sent after its first token), "
+            "count_failed (such a counted call failed: the model's kept answers dropped)",
+            ["source"],
+            registry=self.registry,
+        )
+        self._route_answers = {
+            s: self.route_answers.labels(s) for s in ("daemon", "kept", "count_failed")
+        }
+
+    def route_answer(self, source: str) -> None:
+        self._route_answers[source].inc()
+
     def of_model(self, model: str) -> ModelSeries:
         series = self._by_model.get(model)
         if series is None:
