@@ -68,10 +68,19 @@ def daemon_config(tmp: Path, name: str, port: int, database_url: str) -> Path:
 
 
 def spawn(config: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "fleetshift_daemon.main", "--config", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    """The daemon's log goes beside its config (shown when a round fails)."""
+    with config.with_suffix(".log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "fleetshift_daemon.main", "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def log_tails(tmp: Path, lines: int = 15) -> str:
+    return "\n".join(
+        f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        for log in sorted(tmp.glob("*.log"))
     )
 
 
@@ -292,8 +301,12 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            base = asyncio.run(baseline_round(Path(tmp), args.nodes))
-            rep = asyncio.run(replica_round(Path(tmp), args.nodes))
+            try:
+                base = asyncio.run(baseline_round(Path(tmp), args.nodes))
+                rep = asyncio.run(replica_round(Path(tmp), args.nodes))
+            except TimeoutError:
+                print(log_tails(Path(tmp)), file=sys.stderr)
+                raise
             rows.append((r, base, rep))
             print(f"round {r}: baseline {base}\n         replicas {rep}", flush=True)
     print(f"\nload average {os.getloadavg()[0]:.1f}; lease TTL {TTL_S} s, renew {RENEW_S} s, "

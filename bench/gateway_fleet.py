@@ -4,13 +4,14 @@ processes in front of it, the current code and optionally a baseline source tree
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import signal
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,16 +33,24 @@ class BenchFleet:
     model_dir: Path
     worker: str  # the worker's endpoint, for the direct baseline
     gateways: dict[str, GatewayProcess] = field(default_factory=dict)
+    token: str = ""  # non-empty: every gateway requires it as a bearer token
+
+    def auth(self) -> dict[str, str]:
+        """The headers a client sends to these gateways."""
+        return {"authorization": f"Bearer {self.token}"} if self.token else {}
 
 
 def baseline_env(src: Path, root: Path) -> dict[str, str]:
     """Run a gateway from another source tree (``git archive`` of an earlier commit): its
-    gateway, common and proto packages first on the path, and httptools hidden, so uvicorn
-    falls back to h11 as it did before httptools was a dependency."""
-    shim = root / "no-httptools" / "httptools"
-    shim.mkdir(parents=True, exist_ok=True)
-    (shim / "__init__.py").write_text("raise ImportError('hidden for the baseline gateway')\n")
-    paths = [src / "gateway", src / "common", src / "proto", shim.parent]
+    gateway, common and proto packages first on the path. A tree from before httptools was a
+    dependency (its gateway does not name it) runs with httptools hidden, so uvicorn falls
+    back to h11 as it did then; a later one (it picks httptools itself) runs as it is."""
+    paths = [src / "gateway", src / "common", src / "proto"]
+    if "httptools" not in (src / "gateway" / "fleetshift_gateway" / "main.py").read_text():
+        shim = root / "no-httptools" / "httptools"
+        shim.mkdir(parents=True, exist_ok=True)
+        (shim / "__init__.py").write_text("raise ImportError('hidden for the baseline gateway')\n")
+        paths.append(shim.parent)
     return {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in paths)}
 
 
@@ -52,9 +61,12 @@ def bench_fleet(
     baseline_src: Path | None = None,
     profile: Path | None = None,
     pin_gateway: str = "",
+    variants: dict[str, tuple[str, ...]] | None = None,
+    token: str = "",
 ) -> Iterator[BenchFleet]:
     """The fleet, its worker started, and gateway ``current`` (and ``baseline``) listening.
-    ``pin_gateway`` runs the gateways under ``taskset -c CPUS``."""
+    ``pin_gateway`` runs the gateways under ``taskset -c CPUS``; ``variants`` adds gateways of
+    the current code run with other options (name: its extra command-line arguments)."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model_dir = root / "model"
@@ -70,20 +82,28 @@ def bench_fleet(
             ),
             agent_extra="worker_compile = false\nworker_threads = 1\n",
         )
-        bench = BenchFleet(fleet, model_dir, "")
+        bench = BenchFleet(fleet, model_dir, "", token=token)
         prefix = ["taskset", "-c", pin_gateway] if pin_gateway else []
+        auth: tuple[str, ...] = ()
+        if token:
+            (root / "token").write_text(token)
+            auth = ("--token-file", str(root / "token"))
         try:
             fleet.start(timeout_s=120)
             bench.worker = asyncio.run(_start_worker(fleet.daemon_address))
             daemon = fleet.daemon_address
             opts = ["-m", "cProfile", "-o", str(profile)] if profile else []
             bench.gateways["current"] = start_gateway(
-                root / "gw", daemon, MODEL, model_dir, prefix=prefix, python_opts=opts
+                root / "gw", daemon, MODEL, model_dir, *auth, prefix=prefix, python_opts=opts
             )
+            for name, extra in (variants or {}).items():
+                bench.gateways[name] = start_gateway(
+                    root / f"gw-{name}", daemon, MODEL, model_dir, *extra, *auth, prefix=prefix
+                )
             if baseline_src is not None:
                 env = baseline_env(baseline_src, root)
                 bench.gateways["baseline"] = start_gateway(
-                    root / "gw-base", daemon, MODEL, model_dir, prefix=prefix, env=env
+                    root / "gw-base", daemon, MODEL, model_dir, *auth, prefix=prefix, env=env
                 )
             yield bench
         finally:
@@ -99,6 +119,49 @@ async def _start_worker(daemon: str) -> str:
             timeout=300,
         )
     return str(worker.endpoint)
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options both benches take for their fleet and gateways."""
+    parser.add_argument("--preset", default="tiny", choices=["tiny", "small"])
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="also measure a gateway run from this source tree (e.g. `git archive` of main)",
+    )
+    parser.add_argument(
+        "--profile-gateway", type=Path, help="run the current gateway under cProfile, stats here"
+    )
+    parser.add_argument(
+        "--no-cache-variant",
+        action="store_true",
+        help="also measure the current gateway with --route-cache-s 0 (every request waits "
+        "for its own Route call)",
+    )
+    parser.add_argument(
+        "--token",
+        action="store_true",
+        help="every gateway requires a bearer token (--token-file) and every client sends it",
+    )
+
+
+def fleet_for(
+    args: argparse.Namespace, pin_gateway: str = ""
+) -> AbstractContextManager[BenchFleet]:
+    """``bench_fleet`` as the options of ``add_fleet_arguments`` ask for it."""
+    return bench_fleet(
+        args.preset,
+        baseline_src=args.baseline_src,
+        profile=args.profile_gateway,
+        pin_gateway=pin_gateway,
+        variants={"no kept routes": ("--route-cache-s", "0")} if args.no_cache_variant else None,
+        token="bench-token" if args.token else "",
+    )
+
+
+def bench_prompt(tokens: int) -> list[int]:
+    """The same prompt in every bench and round: token ids the tiny vocabulary holds."""
+    return [(7 * i) % 200 + 1 for i in range(tokens)]
 
 
 def load_average() -> str:

@@ -14,6 +14,9 @@ change's before and after are measured in the same run.
 
     PYTHONPATH=. nice -n 10 .venv/bin/python bench/gateway_rps.py --clients 8 --blocks 3
 
+``--stream`` has the gateway's clients stream their answers (server-sent events, every event
+read), the path most applications take.
+
 On a shared machine the achieved rate is bounded by the worker and the client as much as by
 the gateway: the CPU-per-request figure is the gateway's own cost.
 """
@@ -23,13 +26,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from pathlib import Path
 
 import grpc
 import httpx
 import numpy as np
 
-from bench.gateway_fleet import MODEL, BenchFleet, bench_fleet, cpu_seconds, load_average
+from bench.gateway_fleet import (
+    MODEL,
+    BenchFleet,
+    add_fleet_arguments,
+    bench_prompt,
+    cpu_seconds,
+    fleet_for,
+    load_average,
+)
 from fleetshift.v1 import worker_pb2, worker_pb2_grpc
 
 
@@ -66,8 +76,24 @@ async def _gateway_loop(
     return out
 
 
+async def _streaming_loop(
+    client: httpx.AsyncClient, url: str, prompt: list[int], n: int, until: float
+) -> list[float]:
+    """The same requests streamed (server-sent events), every event read."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True}
+    out = []
+    while time.perf_counter() < until:
+        start = time.perf_counter()
+        async with client.stream("POST", url + "/completions", json=body) as reply:
+            assert reply.status_code == 200, await reply.aread()
+            events = [line async for line in reply.aiter_lines() if line.startswith("data: {")]
+        assert len(events) == n, events
+        out.append(time.perf_counter() - start)
+    return out
+
+
 async def measure(bench: BenchFleet, args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    prompt = [(7 * i) % 200 + 1 for i in range(args.prompt_tokens)]
+    prompt = bench_prompt(args.prompt_tokens)
     paths = ["direct", *bench.gateways]
     lat: dict[str, list[float]] = {path: [] for path in paths}
     secs = dict.fromkeys(paths, 0.0)
@@ -75,13 +101,14 @@ async def measure(bench: BenchFleet, args: argparse.Namespace) -> dict[str, dict
     limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
     async with (
         grpc.aio.insecure_channel(bench.worker) as ch,
-        httpx.AsyncClient(timeout=120, limits=limits) as client,
+        httpx.AsyncClient(timeout=120, limits=limits, headers=bench.auth()) as client,
     ):
         stub = worker_pb2_grpc.WorkerServiceStub(ch)
         warm = time.perf_counter() + 3
+        through = _streaming_loop if args.stream else _gateway_loop
         await asyncio.gather(
             _direct_loop(stub, prompt, args.max_tokens, warm, -1),
-            *(_gateway_loop(client, gw.url, prompt, args.max_tokens, warm)
+            *(through(client, gw.url, prompt, args.max_tokens, warm)
               for gw in bench.gateways.values()),
         )  # fmt: skip
         for block in range(args.blocks):
@@ -96,7 +123,7 @@ async def measure(bench: BenchFleet, args: argparse.Namespace) -> dict[str, dict
                     ]
                 else:
                     loops = [
-                        _gateway_loop(client, gw.url, prompt, args.max_tokens, until)
+                        through(client, gw.url, prompt, args.max_tokens, until)
                         for _ in range(args.clients)
                     ]
                 done = await asyncio.gather(*loops)
@@ -121,7 +148,7 @@ def report(stats: dict[str, dict[str, float]], args: argparse.Namespace) -> None
     print(
         f"preset={args.preset} clients={args.clients} prompt={args.prompt_tokens} "
         f"max_tokens={args.max_tokens} blocks={args.blocks}x{args.block_s}s per path, "
-        f"gateways pinned to CPU {args.cpu}"
+        f"gateways pinned to CPU {args.cpu}, {'streamed' if args.stream else 'not streamed'}"
     )
     print(
         f"{'path':<20}{'requests':>9}{'req/s':>8}{'p50 ms':>9}{'p99 ms':>9}"
@@ -145,7 +172,7 @@ def report(stats: dict[str, dict[str, float]], args: argparse.Namespace) -> None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--preset", default="tiny", choices=["tiny", "small"])
+    add_fleet_arguments(parser)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--block-s", type=float, default=10.0)
@@ -153,21 +180,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--cpu", default="1", help="the CPU the gateway is pinned to")
     parser.add_argument(
-        "--baseline-src",
-        type=Path,
-        help="also measure a gateway run from this source tree (e.g. `git archive` of main)",
-    )
-    parser.add_argument(
-        "--profile-gateway", type=Path, help="run the current gateway under cProfile, stats here"
+        "--stream", action="store_true", help="the gateway's clients stream (server-sent events)"
     )
     args = parser.parse_args()
     print(load_average(), "(start)")
-    with bench_fleet(
-        args.preset,
-        pin_gateway=args.cpu,
-        baseline_src=args.baseline_src,
-        profile=args.profile_gateway,
-    ) as bench:
+    with fleet_for(args, pin_gateway=args.cpu) as bench:
         stats = asyncio.run(measure(bench, args))
     report(stats, args)
     print(load_average(), "(end)")

@@ -10,8 +10,22 @@ memory target).
     .venv/bin/python bench/load_heartbeats_routes.py --db sqlite --minutes 5
     .venv/bin/python bench/load_heartbeats_routes.py --db postgresql --minutes 5
 
-Targets (issue 6): no heartbeat lost, Route p99 < 10 ms, RSS flat after warm-up.
-Baseline in the same run: the first minute's RSS against the last minute's (growth ratio).
+Replicas (issue 17): ``--replicas 2`` starts two daemons on one fresh PostgreSQL database; each
+agent registers with and heartbeats every replica (as an agent given the replica list does), and
+the routers call Route on a channel listing every replica (round robin). ``--route-clients
+unary,stream`` runs the load once per way of calling Route, one after the other on the same
+daemons and fleet: ``unary`` one Route call per request (the baseline, what routers did
+before), ``stream`` the same requests through ``fleetshift_rpc.route_stream.RouteClient``.
+
+    PYTHONPATH=. .venv/bin/python bench/load_heartbeats_routes.py --replicas 2 --minutes 1 \
+        --route-clients unary,stream
+
+``--baseline`` first runs the same load against one daemon on its own fresh PostgreSQL
+database (the same-run baseline for the replicas' figures).
+
+Targets (issue 6): no heartbeat lost, Route p99 < 10 ms, RSS flat after warm-up; issue 17: the
+same with two replicas. Baseline in the same run: the first minute's RSS against the last
+minute's (growth ratio).
 """
 
 from __future__ import annotations
@@ -34,6 +48,8 @@ from fleetshift.v1 import fleet_pb2 as fpb
 from fleetshift.v1 import fleet_pb2_grpc as fpb_grpc
 from fleetshift.v1 import placement_pb2 as pb
 from fleetshift.v1 import placement_pb2_grpc as pb_grpc
+from fleetshift_rpc.replicas import aio_daemon_channel
+from fleetshift_rpc.route_stream import route_client
 
 GiB = 1024**3
 PRODUCTS = ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA H200"]
@@ -112,19 +128,30 @@ def statuses(n: int) -> list[fpb.WorkerStatus]:
 
 
 class Load:
-    def __init__(self, address: str, nodes: int, routes_per_s: float, seconds: float) -> None:
+    def __init__(
+        self,
+        address: str,
+        nodes: int,
+        routes_per_s: float,
+        seconds: float,
+        route_client: str = "unary",
+    ) -> None:
         self.address, self.nodes, self.routes_per_s, self.seconds = (
             address,
             nodes,
             routes_per_s,
             seconds,
         )
+        self.addresses = address.split(",")  # every replica: agents heartbeat each
+        self.route_client = route_client
         self.hb_latency: list[float] = []
         self.hb_gaps: list[float] = []
         self.route_latency: list[float] = []
         self.failures: dict[str, int] = {"heartbeat": 0, "route": 0}
         self.lost_seen: set[str] = set()
         self.lost_checks = 0
+        self.client_cpu0 = 0.0
+        self.client_cores = 0.0  # the load generator's own CPU (it shares the cores)
 
     async def register(self, ch: grpc.aio.Channel) -> None:
         agents = fpb_grpc.AgentRegistryStub(ch)
@@ -161,6 +188,7 @@ class Load:
 
     async def router(self, ch: grpc.aio.Channel, end: float, k: int, streams: int) -> None:
         stub = pb_grpc.PlacementStub(ch)
+        route = route_client(ch).route if self.route_client == "stream" else stub.Route
         interval = streams / self.routes_per_s
         rng = random.Random(k)
         next_at = time.perf_counter() + rng.random() * interval
@@ -169,7 +197,7 @@ class Load:
             next_at += interval
             t0 = time.perf_counter()
             try:
-                await stub.Route(
+                await route(
                     pb.RouteRequest(model="llama-70b", prompt_tokens=rng.randint(50, 4000)),
                     timeout=5,
                 )
@@ -188,27 +216,52 @@ class Load:
             self.lost_checks += 1
             await asyncio.sleep(2)
 
-    async def run(self, pid: int) -> list[tuple[float, float, int]]:
+    async def run(
+        self, pids: list[int], registered: bool = False
+    ) -> list[tuple[float, float, int]]:
+        """The load for ``seconds``; samples are (time, CPU seconds, RSS) summed over
+        ``pids`` (the replicas)."""
         samples: list[tuple[float, float, int]] = []
-        channels = [grpc.aio.insecure_channel(self.address) for _ in range(8)]
-        await self.register(channels[0])
+        per_replica = [[grpc.aio.insecure_channel(a) for _ in range(8)] for a in self.addresses]
+        routers = [aio_daemon_channel(self.address) for _ in range(8)]
+        if not registered:
+            t0 = time.perf_counter()
+            for channels in per_replica:
+                await self.register(channels[0])
+            print(
+                f"registered {self.nodes} nodes with {len(per_replica)} replica(s) in "
+                f"{time.perf_counter() - t0:.1f} s",
+                flush=True,
+            )
         start = time.perf_counter()
+        self.client_cpu0 = time.process_time()
         end = start + self.seconds
 
         async def sample() -> None:
             while time.perf_counter() < end:
-                cpu, rss = proc_stats(pid)
-                samples.append((time.perf_counter() - start, cpu, rss))
+                stats = [proc_stats(pid) for pid in pids]
+                samples.append(
+                    (
+                        time.perf_counter() - start,
+                        sum(c for c, _ in stats),
+                        sum(r for _, r in stats),
+                    )
+                )
                 await asyncio.sleep(5)
 
         streams = 64
         await asyncio.gather(
             sample(),
-            self.watch_lost(channels[0], end),
-            *(self.agent(channels[n % 8], n, end) for n in range(self.nodes)),
-            *(self.router(channels[k % 8], end, k, streams) for k in range(streams)),
+            self.watch_lost(per_replica[0][0], end),
+            *(
+                self.agent(channels[n % 8], n, end)
+                for channels in per_replica
+                for n in range(self.nodes)
+            ),
+            *(self.router(routers[k % 8], end, k, streams) for k in range(streams)),
         )
-        for ch in channels:
+        self.client_cores = (time.process_time() - self.client_cpu0) / (time.perf_counter() - start)
+        for ch in [*routers, *(c for channels in per_replica for c in channels)]:
             await ch.close()
         return samples
 
@@ -217,24 +270,17 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values) * 1000, q)) if values else float("nan")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--db", choices=["sqlite", "postgresql"], default="sqlite")
-    parser.add_argument("--minutes", type=float, default=5.0)
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--routes-per-s", type=float, default=2000.0)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        url, db_name = make_database(args.db, tmp)
-        proc, port = start_daemon(tmp, url)
-        try:
-            load = Load(f"127.0.0.1:{port}", args.nodes, args.routes_per_s, args.minutes * 60)
-            samples = asyncio.run(load.run(proc.pid))
-        finally:
-            proc.terminate()
-            proc.wait()
-            drop_database(db_name)
+def start_replicas(tmp: Path, url: str, count: int) -> list[tuple[subprocess.Popen[bytes], int]]:
+    """``count`` daemons on one database (PostgreSQL for more than one)."""
+    started = []
+    for i in range(count):
+        home = tmp / f"replica-{i}"
+        home.mkdir()
+        started.append(start_daemon(home, url))
+    return started
+
+
+def report(load: Load, samples: list[tuple[float, float, int]], args: argparse.Namespace) -> None:
     seconds = args.minutes * 60
     cpu = (
         (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0])
@@ -244,7 +290,8 @@ def main() -> None:
     first = [rss for t, _, rss in samples if t <= 60]
     last = [rss for t, _, rss in samples if t >= samples[-1][0] - 60]
     print(
-        f"db={args.db} nodes={args.nodes} minutes={args.minutes} routes/s target={args.routes_per_s}"
+        f"db={args.db} replicas={args.replicas} route client={load.route_client} "
+        f"nodes={args.nodes} minutes={args.minutes} routes/s target={args.routes_per_s}"
     )
     print(
         f"heartbeats ok {len(load.hb_latency):,} ({len(load.hb_latency) / seconds:,.0f}/s), failed {load.failures['heartbeat']}"
@@ -263,8 +310,59 @@ def main() -> None:
     )
     print(f"nodes lost after the warm-up (checked {load.lost_checks} times): {len(load.lost_seen)}")
     print(
-        f"daemon CPU: {cpu:.2f} cores; RSS first minute max {max(first) / 2**20:.0f} MiB, last minute max {max(last) / 2**20:.0f} MiB (growth x{max(last) / max(first):.3f})"
+        f"daemon CPU (all replicas): {cpu:.2f} cores; RSS first minute max {max(first) / 2**20:.0f} MiB, last minute max {max(last) / 2**20:.0f} MiB (growth x{max(last) / max(first):.3f})"
     )
+    print(f"load generator CPU: {load.client_cores:.2f} cores")
+    print(f"load average now: {os.getloadavg()[0]:.1f}", flush=True)
+
+
+def run_setup(args: argparse.Namespace, replicas_count: int, db: str, modes: list[str]) -> None:
+    """Start ``replicas_count`` daemons on a fresh database, run the load once per Route
+    client mode, report, and tear everything down."""
+    args.replicas, args.db = replicas_count, db
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        url, db_name = make_database(db, tmp)
+        replicas = start_replicas(tmp, url, replicas_count)
+        address = ",".join(f"127.0.0.1:{port}" for _, port in replicas)
+        pids = [proc.pid for proc, _ in replicas]
+        try:
+            for i, mode in enumerate(modes):
+                load = Load(address, args.nodes, args.routes_per_s, args.minutes * 60, mode)
+                samples = asyncio.run(load.run(pids, registered=i > 0))
+                report(load, samples, args)
+        finally:
+            for proc, _ in replicas:
+                proc.terminate()
+                proc.wait(timeout=60)
+            drop_database(db_name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--db", choices=["sqlite", "postgresql"], default="sqlite")
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--routes-per-s", type=float, default=2000.0)
+    parser.add_argument("--replicas", type=int, default=1, help="more than 1: PostgreSQL")
+    parser.add_argument("--route-clients", default="unary", help="unary (baseline), stream")
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="first the same load against one daemon on its own fresh PostgreSQL database "
+        "(the same-run baseline for --replicas N)",
+    )
+    args = parser.parse_args()
+    if args.replicas > 1:
+        args.db = "postgresql"
+    modes = args.route_clients.split(",")
+    if set(modes) - {"unary", "stream"}:
+        parser.error(f"--route-clients: unknown {sorted(set(modes) - {'unary', 'stream'})}")
+    print(f"load average at start: {os.getloadavg()[0]:.1f}", flush=True)
+    replicas, db = args.replicas, args.db
+    if args.baseline:
+        run_setup(args, 1, "postgresql", modes)
+    run_setup(args, replicas, db, modes)
 
 
 if __name__ == "__main__":

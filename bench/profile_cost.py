@@ -7,12 +7,20 @@ Starts a real worker process of a seeded model (``make_model`` preset), runs the
 operator would, and keeps the profile (CSV, sidecar, plot) under --out.
 
     .venv/bin/python bench/profile_cost.py --preset small --out /tmp/prof-small
+
+A model of another shape than the presets (hold-out (c)'s third model), and a shorter sweep:
+
+    .venv/bin/python bench/profile_cost.py --preset small --name wide --out /tmp/prof-wide \
+        --shape num_hidden_layers=2,hidden_size=1024,num_attention_heads=16,\
+num_key_value_heads=16,intermediate_size=4096 \
+        --prompt-sizes 128,256,512 --max-concurrency 16 --repeats 2
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,13 +29,34 @@ import tempfile
 import time
 from pathlib import Path
 
-from fleetshift_agent.engine.make_model import main as make_model
+from fleetshift_agent.engine.config import ModelConfig
+from fleetshift_agent.engine.make_model import PRESETS, random_model
+from fleetshift_agent.engine.tokenizer_file import write_tokenizer
+from fleetshift_agent.engine.weights import save_model_dir
 
 REPO = Path(__file__).resolve().parents[1]
 # The sweep: the seeds' geometric concurrency up to what the worker runs at once, and prompt
 # lengths up to the model's context; the worker's KV pool bounds the largest batches.
-SWEEP = ("--prompt-sizes", "128,256,512,1024,2048", "--max-concurrency", "64",
-         "--token-size", "32", "--repeats", "3")  # fmt: skip
+SWEEP = {"prompt_sizes": "128,256,512,1024,2048", "max_concurrency": 64, "token_size": 32,
+         "repeats": 3, "time_budget_s": 0.0}  # fmt: skip
+
+
+def shape(preset: str, overrides: str) -> ModelConfig:
+    """The preset's config with ``key=int`` overrides (a shape no preset has)."""
+    values = dataclasses.asdict(PRESETS[preset])
+    for item in filter(None, overrides.split(",")):
+        key, _, raw = item.partition("=")
+        if key.strip() not in values:
+            raise SystemExit(f"--shape: {key!r} is not a ModelConfig field")
+        values[key.strip()] = int(raw)
+    values["head_dim"] = 0 if "head_dim" not in overrides else values["head_dim"]
+    return ModelConfig(**values)
+
+
+def write_model(cfg: ModelConfig, out: Path, seed: int) -> None:
+    """A seeded random model directory of ``cfg``, as ``make_model`` writes a preset's."""
+    save_model_dir(random_model(cfg, seed), out)
+    write_tokenizer(out, cfg.vocab_size, seed)
 
 
 def start_worker(model: Path, root: Path, threads: int) -> tuple[subprocess.Popen[bytes], int]:
@@ -55,19 +84,25 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--name", default="", help="the model's name (default: the preset's)")
+    parser.add_argument("--shape", default="", help="KEY=INT,... overriding the preset's config")
+    for key, default in SWEEP.items():
+        parser.add_argument("--" + key.replace("_", "-"), type=type(default), default=default)
     args = parser.parse_args()
+    name = args.name or args.preset
+    sweep = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SWEEP]
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        model = args.out / args.preset
+        model = args.out / name
         if not (model / "config.json").exists():
-            make_model(["--out", str(model), "--preset", args.preset, "--seed", str(args.seed)])
+            write_model(shape(args.preset, args.shape), model, args.seed)
         proc, port = start_worker(model, root, args.threads)
         try:
-            csv_path = args.out / f"{args.preset}.csv"
+            csv_path = args.out / f"{name}.csv"
             cmd = [sys.executable, "-m", "fleetshift_daemon.cli.main", "profile",
                    "--worker", f"127.0.0.1:{port}", "--config", str(model),
-                   "--out", str(csv_path), "--threads", str(args.threads), *SWEEP]  # fmt: skip
+                   "--out", str(csv_path), "--threads", str(args.threads), *sweep]  # fmt: skip
             t0 = time.monotonic()
             done = subprocess.run(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True)
             wall = time.monotonic() - t0
@@ -83,7 +118,7 @@ def main() -> int:
     sidecar = json.loads(csv_path.with_suffix(".json").read_text())
     points = len({(r["prompt_size"], r["batch_size"]) for r in rows})
     print(
-        f"model {args.preset}: {points} points x {SWEEP[-1]} repeats = {len(rows)} rows, "
+        f"model {name}: {points} points x {args.repeats} repeats = {len(rows)} rows, "
         f"{len(sidecar['sweep']['left_out'])} left out by the worker's bounds"
     )
     print(f"fleetshift profile wall time     {wall:8.1f} s")

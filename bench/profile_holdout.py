@@ -8,7 +8,13 @@ model, never seen by the fit) are kept apart. Both profiles come from ``fleetshi
 against real workers on this machine's CPU; the CPU kind's peaks are the ones each profile's
 sidecar measured (``core.measurements.cpu_kind``).
 
-    .venv/bin/python bench/profile_holdout.py A.csv:A/config.json B.csv:B/config.json
+    .venv/bin/python bench/profile_holdout.py A.csv:A/config.json B.csv:B/config.json \
+        [C.csv:C/config.json]
+
+C, when given, is a fresh hold-out: a third model that no fit ever sees (nor any choice of the
+model's form), predicted from A's fit, B's fit and the joint fit of A and B. It may have been
+profiled on another CPU: each profile's own sidecar peaks are its kind's figures, and the
+fitted reference-engine factors are stated at an idle core, so they carry to it.
 """
 
 from __future__ import annotations
@@ -29,11 +35,12 @@ def lines(label: str, column: str, errors: Sequence[FitError]) -> list[str]:
     ]
 
 
-def direction(fit_on: Profile, check: Profile) -> list[str]:
-    rep = calibrate([fit_on], check)
-    a, b = fit_on.csv.stem, check.csv.stem
+def direction(fit_on: Sequence[Profile], check: Profile, fresh: bool = False) -> list[str]:
+    rep = calibrate(fit_on, check)
+    a, b = " + ".join(p.csv.stem for p in fit_on), check.csv.stem
     out = lines(f"{a} → {b}", f"tuning ({a}, in-sample)", rep.in_sample)
-    out += lines(f"{a} → {b}", f"held out ({b})", rep.errors)
+    held = f"fresh hold-out ({b})" if fresh else f"held out ({b})"
+    out += lines(f"{a} → {b}", held, rep.errors)
     for kind, source in rep.fitted.items():
         kf = rep.factors.for_kind(kind)
         values = ", ".join(f"{k}={v:.4g}" for k, v in kf.to_dict().items())
@@ -43,12 +50,15 @@ def direction(fit_on: Profile, check: Profile) -> list[str]:
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) != 2:
+    if len(argv) not in (2, 3):
         print(__doc__, file=sys.stderr)
         return 2
     try:
-        first, second = (read_profile(spec) for spec in argv)
-        rows = direction(first, second) + direction(second, first)
+        first, second, *fresh = (read_profile(spec) for spec in argv)
+        rows = direction([first], second) + direction([second], first)
+        for third in fresh:
+            for fit_on in ([first], [second], [first, second]):
+                rows += direction(fit_on, third, fresh=True)
     except FleetShiftError as err:
         print(f"error: {err.message}", file=sys.stderr)
         return 2
