@@ -162,7 +162,7 @@ class FakeFleet:
 
     async def import_session(
         self, worker: WorkerRef, blob: bytes, *, delta_for: str = "", staged: bool = False
-    ) -> None:
+    ) -> bool:
         self._call("import_session")
         held = self._worker(worker)
         data = json.loads(blob)
@@ -171,6 +171,7 @@ class FakeFleet:
             raise FailedPrecondition(f"worker {worker.worker_id!r}: no staged {delta_for!r}")
         held.staged.pop(session, None)
         (held.staged if staged else held.sessions)[session] = data["tokens"]
+        return bool(data["kv"])
 
     async def cancel_session(self, worker: WorkerRef, session_id: str) -> None:
         self._call("cancel_session")

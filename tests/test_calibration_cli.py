@@ -163,3 +163,29 @@ def test_the_console_script_runs_it(perf_csv: Path, tmp_path: Path, config: Path
     )
     assert result.returncode == 0, result.stderr
     assert "h100-80gb (H100-SXM)" in result.stdout and "prefill" in result.stdout
+
+
+def test_a_cpu_profile_of_another_host_is_predicted_from_the_fitted_cpu_factors(
+    tmp_path: Path,
+) -> None:
+    """A CPU checked against a fit on another CPU takes the fitted reference-engine factors
+    (stated at an idle core; each profile's own measured peaks carry its host's speed),
+    never the GPU kinds' shipped ones."""
+    from fleetshift_daemon.cli.calibration import calibrate, read_profile
+
+    profiles = Path(__file__).resolve().parents[1] / "docs" / "profiles"
+    other = (profiles / "small-deep.csv").read_text()
+    (tmp_path / "other.csv").write_text(other.replace("cpu-amd-epyc", "cpu-other-host"))
+    sidecar = json.loads((profiles / "small-deep.json").read_text())
+    sidecar["host"]["measured_peaks"]["matmul_tflops"] *= 2  # a host twice as fast
+    (tmp_path / "other.json").write_text(json.dumps(sidecar))
+    fit_on = read_profile(f"{profiles / 'small.csv'}:{profiles / 'small.config.json'}")
+    check = read_profile(f"{tmp_path / 'other.csv'}:{profiles / 'small-deep.config.json'}")
+    same = read_profile(f"{profiles / 'small-deep.csv'}:{profiles / 'small-deep.config.json'}")
+    report = calibrate([fit_on], check)
+    assert report.fitted == {"cpu-other-host": "fit:cpu-amd-epyc"}
+    assert report.factors.for_kind("cpu-other-host") == report.factors.for_kind("cpu-amd-epyc")
+    # the same times on a host measured twice as fast are predicted faster: bias falls
+    slower = {e.phase: e.median_bias_pct for e in calibrate([fit_on], same).errors}
+    faster = {e.phase: e.median_bias_pct for e in report.errors}
+    assert all(faster[p] < slower[p] - 20 for p in slower)

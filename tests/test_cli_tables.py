@@ -119,11 +119,14 @@ def help_text(argv: list[str]) -> str:
 @pytest.mark.parametrize(
     "argv",
     [["--help"], ["local-fleet", "--help"], ["nodes", "--help"], ["move", "--help"],
-     ["efficiency", "--help"], ["demo", "--help"]],
+     ["efficiency", "--help"], ["demo", "--help"], ["gateway", "--help"],
+     ["profile", "--help"], ["simulate", "--help"]],
 )  # fmt: skip
 def test_help_is_plain_text_with_defaults(argv: list[str]) -> None:
     text = help_text(argv)
     assert "``" not in text and ":func:" not in text and ".. " not in text
+    description = text.split("\n\n")[1]  # after the usage lines
+    assert not description.startswith("`"), description
     if argv[0] not in ("nodes", "move"):  # (move's options default to empty: nothing to show)
         assert "(default:" in text
 

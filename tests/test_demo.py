@@ -73,6 +73,8 @@ def assert_the_demo_showed_the_loop(text: str, state_dir: Path) -> None:
     assert "PLAN op-" in text and "by planner (automatic mode)" in text, text
     assert "MOVE " in text and ": done" in text, text
     assert "tokens lost or repeated in served streams: 0 (checked)" in text, text
+    steps = next(line for line in text.splitlines() if line.startswith("steps run:"))
+    assert int(steps.rsplit("sessions moved:", 1)[1]) >= 1, steps  # a move carried live streams
     served = next(line for line in text.splitlines() if line.startswith("requests served:"))
     done, of = served.split(":")[1].split("(")[0].split(" of ")
     assert int(done) == int(of) > 0, served

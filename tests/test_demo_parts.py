@@ -11,7 +11,11 @@ import pytest
 from rich.console import Console
 
 from fleetshift.v1 import fleet_pb2 as fpb
+from fleetshift.v1 import operations_pb2 as opb
+from fleetshift_daemon.demo.carriers import Carriers
+from fleetshift_daemon.demo.carriers import _targets as operator_targets
 from fleetshift_daemon.demo.replay import StreamRecord
+from fleetshift_daemon.demo.report import summary_lines
 from fleetshift_daemon.demo.verify import Verdict, count_check, crossed_a_move
 from fleetshift_daemon.demo.view import render, status_line
 from fleetshift_daemon.demo.watch import FleetWatch, Sample, Step
@@ -23,6 +27,7 @@ from fleetshift_daemon.demo.workload import (
     WorkloadSpec,
     build_workload,
 )
+from fleetshift_daemon.localfleet import NodeSpec
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_conv.csv"
 
@@ -99,3 +104,62 @@ def test_the_live_view_renders_at_80_columns() -> None:
     text = console.export_text()
     assert "ALARM" in text and "cold move of w" in text and "h200-1" in text
     assert "decode@h200-1" in status_line(fw, [], w)
+
+
+def test_a_summary_whose_moves_carried_nothing_says_why() -> None:
+    fw = FleetWatch(None, "tiny", 0.0, 0.0, lambda _: None)  # type: ignore[arg-type]
+    fw.threshold = 0.95
+    move, start = step("cold move", 10.0, 22.5), step("start", 0.0, 9.0)
+    move.sessions_carried = start.sessions_carried = 0
+    fw.steps = {("op", 0): move, ("op", 1): start}
+    w = Workload([DemoRequest(0, 0.0, [300], 4, 1, PROMPT_HEAVY)], 40.0, 20.0, 0, "x")
+    records = [record(0, 4, 4, 0.0), record(1, 30, 30, 5.0)]  # the longest: 2.9 s
+    text = "\n".join(summary_lines(w, records, fw, Verdict(), check_all=False))
+    assert "sessions moved: 0" in text
+    assert "no stream was open on a moved worker" in text and "lasted 2.9 s" in text
+    move.sessions_carried = 2  # a move that carried sessions needs no excuse
+    text = "\n".join(summary_lines(w, records, fw, Verdict(), check_all=False))
+    assert "sessions moved: 2" in text and "longest stream" not in text
+
+
+def test_carriers_run_only_while_a_move_is_under_way_and_scale_with_decoding_workers() -> None:
+    fw = FleetWatch(None, "tiny", 0.0, 0.0, lambda _: None)  # type: ignore[arg-type]
+    serving = fpb.WORKER_STATE_SERVING
+    fw.workers = [
+        fpb.WorkerStatus(worker_id="d", node_name="h200-1", role=fpb.WORKER_ROLE_DECODE, state=serving),
+        fpb.WorkerStatus(worker_id="m", node_name="h100-1", role=fpb.WORKER_ROLE_MIXED, state=serving),
+        fpb.WorkerStatus(worker_id="p", node_name="h100-2", role=fpb.WORKER_ROLE_PREFILL, state=serving),
+    ]  # fmt: skip
+    carriers = Carriers(None, "tiny", fw, 0.0, 512, 512, per_worker=3, cap=12)
+    fw.steps = {("op", 0): step("start", 0.0, None), ("op", 1): step("cold move", 0.0, 9.0)}
+    fw.steps[("op", 1)].worker = "m"
+    assert carriers.wanted() == 0  # a start carries nothing, and the move is done
+    fw.steps[("op", 1)].state = "running"
+    assert carriers.wanted() == 6  # 3 for each of the two workers that decode
+    fw.steps[("op", 1)].worker = "p"
+    assert carriers.wanted() == 0  # a prefill worker's move: streams would not stay on it
+    fw.steps[("op", 1)].worker = "m"
+    carriers.cap = 4
+    assert carriers.wanted() == 4
+    fw.steps.clear()
+    carriers.forced = True  # before the demo's own operator move
+    assert carriers.wanted() == 4
+
+
+def test_an_operator_move_goes_to_the_same_gpu_kind_first_and_is_labelled() -> None:
+    nodes = [
+        NodeSpec("a100-1", "NVIDIA A100-SXM4-80GB", 4),
+        NodeSpec("h100-1", "NVIDIA H100 80GB HBM3", 4),
+        NodeSpec("h100-2", "NVIDIA H100 80GB HBM3", 4),
+        NodeSpec("h200-1", "NVIDIA H200", 4),
+    ]
+    w = fpb.WorkerStatus(worker_id="w", node_name="h100-1")
+    busy = [w, fpb.WorkerStatus(worker_id="x", node_name="h200-1")]
+    assert operator_targets(w, busy, nodes) == ["h100-2", "a100-1", "h200-1"]
+    fw = FleetWatch(None, "tiny", 0.0, 0.0, lambda _: None)  # type: ignore[arg-type]
+    fw.steps = {("op", 0): step("cold move", 10.0, 22.5)}
+    fw.operations = {"op": opb.Operation(id="op", requested_by="loopback-dev")}
+    work = Workload([DemoRequest(0, 0.0, [300], 4, 1, PROMPT_HEAVY)], 40.0, 20.0, 0, "x")
+    text = "\n".join(summary_lines(work, [record(0, 4, 4, 0.0)], fw, Verdict(), check_all=False))
+    assert "1 cold move (the demo's operator move); sessions moved: 1" in text, text
+    assert "(a -> b, as decode) (operator move): carried 1" in text, text

@@ -415,3 +415,51 @@ async def test_a_vllm_model_moves_cold_even_to_its_own_gpu_model(tmp_path: Path)
     assert EngineArgs.from_json(launch.engine_args_json) == engine_args
     assert "snapshot_worker" not in w.fleet.calls
     w.engine.dispose()
+
+
+class Observer(PhaseHook):
+    """Notes, after each phase, whether the source takes sessions (the registry routes to it,
+    the worker does not refuse them); a client opens one more session on it as soon as its
+    target has started."""
+
+    def __init__(self, world: World, daemon: Daemon) -> None:
+        super().__init__()
+        self.world, self.daemon = world, daemon
+        self.takes: dict[str, bool] = {}
+
+    def hit(self, name: str) -> None:
+        super().hit(name)
+        record, worker = self.daemon.workers.get("src"), self.world.fleet.workers["src"]
+        self.takes[name] = record.state is WorkerState.SERVING and not worker.draining
+        if name == "after:target_started":
+            worker.sessions["s-late"] = 12
+
+
+@pytest.mark.parametrize("kind", [StepKind.MIGRATE, StepKind.COLD_START], ids=lambda k: k.value)
+async def test_a_moving_worker_takes_sessions_until_its_target_has_started(
+    world: World, kind: StepKind
+) -> None:
+    """Make-before-break: a target can take tens of seconds to start; its source serves new
+    sessions meanwhile, stops taking them before its sessions are listed, and carries the
+    late one with the rest."""
+    observer = Observer(world, world.boot())
+    daemon = observer.daemon = world.boot(observer)  # the hook reads the running daemon's table
+    op_id = await run(world, daemon, kind)
+    op = daemon.ops.get(op_id)
+    assert op.state is OperationState.SUCCEEDED, op
+    assert observer.takes["after:target_reserved"] and observer.takes["after:target_started"]
+    assert not observer.takes["after:source_paused"]
+    assert op.steps[0].sessions_carried == len(SESSIONS) + 1
+    target = world.fleet.workers[op.steps[0].new_worker_id]
+    assert set(target.sessions) == {*SESSIONS, "s-late"}
+
+
+async def test_a_move_rolled_back_after_its_source_stopped_taking_sessions_takes_them_again(
+    world: World,
+) -> None:
+    daemon = world.boot()
+    world.fleet.fail("import_session", FailedPrecondition("import refused (test)"))
+    op_id = await run(world, daemon, StepKind.COLD_START)
+    rolled_back(world, daemon, op_id, StepKind.COLD_START, "import refused (test)")
+    assert daemon.workers.get("src").state is WorkerState.SERVING
+    assert not world.fleet.workers["src"].draining

@@ -132,4 +132,5 @@ def test_liveness_transitions_are_persisted(db_url: str) -> None:
     assert SqlRegistryStore(engine).load_nodes()[0].state is NodeState.LOST
     registry.heartbeat("node-a")
     assert registry.get("node-a").state is NodeState.READY
+    assert registry.sweep() == []  # the sweep writes it, off the heartbeat's event loop
     assert SqlRegistryStore(engine).load_nodes()[0].state is NodeState.READY

@@ -137,7 +137,7 @@ def test_no_request_crashes_the_agent_or_changes_it_unless_valid(
     with grpc.insecure_channel(address) as ch:
         before = runner.beliefs()
         started = time.monotonic()
-        code = call_method(ch, method, request)
+        code = call_method(ch, method, request, [])
         SECONDS[method.name] += time.monotonic() - started
         after = runner.beliefs()
     TALLY["tried"] += 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 from fleetshift.v1 import worker_pb2, worker_pb2_grpc
 from fleetshift_rpc import pki
 from fleetshift_rpc.security import client_credentials
+from tests.agent.worker_process import serving_worker
 
 pytestmark = pytest.mark.slow
 LOOPBACK = {"san_ips": ["127.0.0.1"]}
@@ -52,22 +52,12 @@ def _worker_argv(model: Path, port_file: Path, *extra: str) -> list[str]:
 def worker(home: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port_file = tmp_path_factory.mktemp("w") / "port"
     tls = ["--tls-cert", str(home / "node-node-a.crt"), "--tls-key", str(home / "node-node-a.key")]
-    proc = subprocess.Popen(
-        _worker_argv(
-            tiny_model, port_file, "--listen", "127.0.0.1:0", "--node-name", "node-a",
-            *tls, "--tls-ca", str(home / "ca.crt"), "--session-caller", "router:edge",
-        ),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    argv = _worker_argv(
+        tiny_model, port_file, "--listen", "127.0.0.1:0", "--node-name", "node-a",
+        *tls, "--tls-ca", str(home / "ca.crt"), "--session-caller", "router:edge",
     )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while not (port_file.exists() and port_file.read_text().strip()):
-            assert proc.poll() is None and time.monotonic() < deadline, "worker did not serve"
-            time.sleep(0.05)
-        yield f"127.0.0.1:{int(port_file.read_text())}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with serving_worker(argv, port_file, stop_timeout_s=10) as address:
+        yield address
 
 
 def _as(home: Path, kind: str, name: str) -> grpc.ChannelCredentials:

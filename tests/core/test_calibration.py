@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetshift_daemon.cli.calibration import read_profile
 from fleetshift_daemon.core.calibration import (
     fit,
     fit_calibrations,
@@ -54,6 +55,21 @@ def test_h200_borrows_h100_factors_and_unknown_kinds_get_a_prior() -> None:
     prior = f.for_kind("MI300X")
     assert not f.is_calibrated("MI300X")
     assert 0 < prior.gemm_eff <= 1 and prior.compute_scale == 1.0
+
+
+def test_the_printed_factors_are_the_python_that_rebuilds_them() -> None:
+    """``python -m fleetshift_daemon.core.calibration`` prints the block pasted into
+    ``perf_factors``; the capped H100 is H100's factors with its own clock, written once."""
+    from dataclasses import replace
+
+    from fleetshift_daemon.core.calibration import format_factors
+    from fleetshift_daemon.core.perf_factors import SHIPPED_FACTORS, KindFactors
+
+    code = format_factors(SHIPPED_FACTORS)
+    assert code.count("KindFactors(") == 2
+    namespace: dict[str, object] = {"KindFactors": KindFactors, "replace": replace}
+    exec(code, namespace)
+    assert namespace["SHIPPED_FACTORS"] == SHIPPED_FACTORS
 
 
 def test_calibrations_are_keyed_by_model_and_measured_kind(perf_csv: Path) -> None:
@@ -121,3 +137,120 @@ def test_factors_of_cpu_profiles_carry_to_a_model_of_another_shape() -> None:
     check = PerfModel(fitted)
     for r in rows(other):
         assert predict(check, r.arch, r.m, Dtype.FP32) == pytest.approx(r.m.seconds, rel=0.02)
+
+
+PROFILES = Path(__file__).resolve().parents[2] / "docs" / "profiles"
+
+
+def _slowed_profile(tmp_path: Path, slowed: set[tuple[int, int]]) -> Path:
+    """The stored ``small`` profile as ``fleetshift profile`` now writes one, with each run's
+    host speed: the (prompt, batch) configurations in ``slowed`` ran on a host probed at half
+    the start's speed and took twice as long; the others at the start's speed, as measured."""
+    import csv
+    import json
+
+    with (PROFILES / "small.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    out = tmp_path / "small-slowed.csv"
+    with out.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow([*rows[0], "host_matmul_gflops", "host_copy_gbps"])
+        for r in rows:
+            slow = (int(r["prompt_size"]), int(r["batch_size"])) in slowed
+            times = {k: float(r[k]) * (2 if slow else 1) for k in ("prompt_time", "token_time")}
+            r = r | {k: f"{v:.4f}" for k, v in times.items()}
+            writer.writerow([*r.values(), "25.0" if slow else "50.0", "2.5" if slow else "5.0"])
+    sidecar = json.loads((PROFILES / "small.json").read_text())
+    sidecar["host"]["measured_peaks"] |= {"probe_matmul_gflops": 50.0, "probe_copy_gbps": 5.0}
+    out.with_suffix(".json").write_text(json.dumps(sidecar))
+    return out
+
+
+def test_rows_that_ran_at_half_the_host_speed_are_predicted_as_twice_as_slow(
+    tmp_path: Path,
+) -> None:
+    """A shared host slows under a sweep: runs probed at half the start's speed took twice as
+    long, and the calibration predicts them so, from the same factors. With the sidecar's one
+    peak for every row (the old reading) they would be predicted 50 % too fast."""
+    import json
+
+    from fleetshift_daemon.core.perfmodel import ModelArch, PerfModel, dtype_of_config
+
+    cfg = json.loads((PROFILES / "small.config.json").read_text())
+    arch, dtype = ModelArch.from_hf_config("small", cfg), dtype_of_config(cfg)
+    plain = load_measurements(PROFILES / "small.csv")
+    slowed = {(128, 4), (128, 64), (256, 1), (256, 16), (512, 4), (1024, 1)}
+    probed = load_measurements(_slowed_profile(tmp_path, slowed))
+    model = PerfModel(fit(plain, arch, dtype))
+    ratio = {
+        (m.phase, m.prompt_size, m.batch_size, m.token_size): predict(model, arch, m, dtype)
+        / m.seconds
+        for m in plain
+    }
+    assert len(probed) == len(plain)
+    halved = 0
+    for m in probed:
+        slow = (m.prompt_size, m.batch_size) in slowed
+        halved += slow
+        assert m.kind.name == "cpu-amd-epyc"
+        key = (m.phase, m.prompt_size, m.batch_size, m.token_size)
+        got = predict(model, arch, m, dtype) / m.seconds
+        assert got == pytest.approx(ratio[key], rel=1e-6), (key, slow)
+    assert halved == 2 * len(slowed)  # each slowed configuration's prefill and decode
+
+
+# Hold-out (a) of issue 12 (docs/bench-perfmodel.md, round 6): refitted on the TP 2 and TP 4
+# rows only, the model predicts the TP 8 rows it never saw. H100 meets the issue's target
+# (median <= 10 %, p90 <= 20 %); A100 misses it (predicted slow at TP 8: its per-worker time
+# fitted on two TP degrees over-charges the third), and its bound pins today's miss so that a
+# change which makes it worse fails here rather than in a benchmark nobody reruns.
+HOLDOUT_A_BOUNDS = {  # (kind, phase) -> (median, p90) % bound, held-out TP 8 rows
+    ("H100-SXM", Phase.DECODE): (10.0, 20.0),
+    ("H100-SXM", Phase.PREFILL): (10.0, 20.0),
+    ("A100-SXM-80GB", Phase.DECODE): (15.0, 18.0),
+    ("A100-SXM-80GB", Phase.PREFILL): (22.0, 33.0),
+}
+
+
+def test_a_fit_on_tp_2_and_4_predicts_tp_8_within_the_reported_hold_out_error(
+    perf_csv: Path,
+) -> None:
+    data = load_measurements(perf_csv)
+    train = [m for m in data if m.tp in (2, 4)]
+    held_out = [m for m in data if m.tp == 8]
+    assert train and held_out and len(train) + len(held_out) == len(data)
+    errors = {(e.kind, e.phase): e for e in fit_errors(fit(train), held_out)}
+    for key, (median, p90) in HOLDOUT_A_BOUNDS.items():
+        e = errors[key]
+        assert e.n >= 13, e  # every TP 8 configuration of the kind and phase is scored
+        assert e.median_abs_pct <= median and e.p90_abs_pct <= p90, e
+    # A100's miss is one-sided: TP 8 predicted slower than measured in both phases, which is
+    # what a per-worker time growing with t - 1 beyond the degrees it was fitted on gives
+    for phase in Phase:
+        assert errors[("A100-SXM-80GB", phase)].median_bias_pct > 5.0
+
+
+# A model the factors were never fitted on: BLOOM-176B (70 layers, 14336 wide, 112 heads
+# without GQA, GELU MLP) at TP 8 on the same Splitwise hosts (docs/reference/README.md),
+# predicted with the shipped factors, fitted on Llama-2-70B only. (kind, phase) -> bound.
+BLOOM_BOUNDS = {
+    ("H100-SXM", Phase.DECODE): (10.0, 20.0),
+    ("H100-SXM", Phase.PREFILL): (10.0, 20.0),
+    ("A100-SXM-80GB", Phase.PREFILL): (10.0, 20.0),
+    ("A100-SXM-80GB", Phase.DECODE): (25.0, 28.0),  # today's miss, pinned: see the docs
+}
+
+
+def test_shipped_factors_predict_a_model_they_were_not_fitted_on() -> None:
+    ref = Path(__file__).resolve().parents[2] / "docs" / "reference"
+    bloom = read_profile(f"{ref / 'splitwise-bloom-176b-tp8.csv'}:{ref / 'bloom-176b.config.json'}")
+    assert bloom.arch.n_layers == 70 and not bloom.arch.gated_mlp
+    errors = fit_errors(shipped_factors(), bloom.rows, bloom.arch, dtype=bloom.dtype)
+    by_key = {(e.kind, e.phase): e for e in errors}
+    assert set(by_key) == set(BLOOM_BOUNDS)
+    for key, (median, p90) in BLOOM_BOUNDS.items():
+        e = by_key[key]
+        assert e.n == 13 and e.median_abs_pct <= median and e.p90_abs_pct <= p90, e
+    # A100's decode miss is a slow prediction: the per-worker time, charged on top of a
+    # weight stream 2.6x Llama-2-70B's, where the measured step grows by less than the stream
+    assert by_key[("A100-SXM-80GB", Phase.DECODE)].median_bias_pct > 15.0

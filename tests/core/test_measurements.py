@@ -111,3 +111,68 @@ def test_a_cpu_profile_takes_the_peaks_its_sidecar_measured(tmp_path: Path) -> N
     # an FP32 worker runs at half bf16_tflops in the model: the measured FP32 rate, doubled
     assert kind.name == "cpu-amd-epyc" and kind.bf16_tflops == 0.18
     assert kind.hbm_tbps == 0.024 and kind.nvlink_gbps == 0.0
+
+
+PROBED = HEADER + ",host_matmul_gflops,host_copy_gbps"
+
+
+def _sidecar(path: Path, **probe: float) -> None:
+    import json
+
+    peaks = {"matmul_tflops": 0.09, "copy_gbps": 24.0, **probe}
+    path.with_suffix(".json").write_text(
+        json.dumps({"host": {"measured_peaks": peaks}, "worker": {"dtype": "float32"}})
+    )
+
+
+def test_a_cpu_rows_host_speed_scales_its_sidecars_peaks(tmp_path: Path) -> None:
+    """Each configuration's kind is the sidecar's peaks times the host speed probed around
+    the run whose time is the median, over the same probe at the start."""
+    path = write(
+        tmp_path,
+        "m,cpu-x,128,1,64,100,10,1,50,6",
+        "m,cpu-x,128,1,64,400,40,1,12.5,1.5",  # the median run: a quarter of the start's speed
+        "m,cpu-x,128,1,64,900,90,1,5,1",
+        "m,cpu-x,256,1,64,200,20,1,50,6",  # at the start's speed: the sidecar's peaks
+        header=PROBED,
+    )
+    _sidecar(path, probe_matmul_gflops=50.0, probe_copy_gbps=6.0)
+    by = {(m.prompt_size, m.phase): m for m in load_measurements(path)}
+    slow = by[(128, Phase.PREFILL)]
+    assert slow.seconds == pytest.approx(0.4) and by[(128, Phase.DECODE)].seconds == 0.04
+    assert slow.kind.name == "cpu-x"
+    assert slow.kind.bf16_tflops == pytest.approx(0.18 / 4)  # FP32 rate doubled, a quarter
+    assert slow.kind.hbm_tbps == pytest.approx(0.024 / 4)
+    assert by[(128, Phase.DECODE)].kind == slow.kind
+    start = by[(256, Phase.PREFILL)].kind
+    assert start.bf16_tflops == pytest.approx(0.18) and start.hbm_tbps == pytest.approx(0.024)
+
+
+def test_host_speeds_are_optional_and_never_apply_to_a_gpu(tmp_path: Path) -> None:
+    # an even count pairs the two middle runs' mean time with their mean speed
+    path = write(
+        tmp_path,
+        "m,cpu-x,128,1,64,100,10,1,40,",
+        "m,cpu-x,128,1,64,300,30,1,20,",
+        header=PROBED,
+    )
+    _sidecar(path)  # no probe at the start: the row's own figure is the peak
+    m = load_measurements(path)[0]
+    assert m.seconds == pytest.approx(0.2)
+    assert m.kind.bf16_tflops == pytest.approx(2 * 0.030)  # 30 GFLOP/s float32
+    assert m.kind.hbm_tbps == pytest.approx(0.024)  # no copy figure: the sidecar's
+    gpu = write(tmp_path, "m,h100-80gb,128,1,64,100,10,1,20,2", header=PROBED)
+    assert load_measurements(gpu)[0].kind.name == "H100-SXM"
+    assert load_measurements(gpu)[0].kind.bf16_tflops > 900
+
+
+def test_a_bad_host_speed_is_refused_naming_line_and_column(tmp_path: Path) -> None:
+    for bad in ("fast", "0", "-3", "nan"):
+        path = write(
+            tmp_path, "m,cpu-x,128,1,64,100,10,1,50,6", f"m,cpu-x,128,1,64,100,10,1,{bad},6",
+            header=PROBED,
+        )  # fmt: skip
+        with pytest.raises(InvalidArgument) as exc:
+            load_measurements(path)
+        assert exc.value.field == "host_matmul_gflops"
+        assert exc.value.message.startswith(f"{path}:3: host_matmul_gflops"), exc.value.message

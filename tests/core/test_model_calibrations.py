@@ -6,9 +6,16 @@ from __future__ import annotations
 import pytest
 
 from fleetshift_common.errors import InvalidArgument
-from fleetshift_daemon.core.gpus import A100_SXM_80GB, H100_SXM
+from fleetshift_daemon.core.archs import ModelArch
+from fleetshift_daemon.core.gpus import A100_SXM_80GB, H100_SXM, GpuCatalogue
 from fleetshift_daemon.core.measurements import cpu_kind
-from fleetshift_daemon.core.model_calibrations import check_hardware, parse_profile
+from fleetshift_daemon.core.model_calibrations import (
+    Calibration,
+    Calibrations,
+    check_hardware,
+    parse_profile,
+)
+from fleetshift_daemon.core.perf_factors import shipped_factors
 from fleetshift_daemon.core.perfmodel import Deployment, Dtype, PerfModel, llama2_70b
 
 HEADER = "model,hardware,tensor_parallel,prompt_size,batch_size,token_size,prompt_time,token_time\n"
@@ -53,3 +60,60 @@ def test_a_cpu_kind_carries_the_measured_peaks_and_predicts_slower_than_a_gpu() 
     cpu = perf.decode_step_time_s(Deployment(llama7b, kind, 1, Dtype.FP32), 1, 128)
     gpu = perf.decode_step_time_s(Deployment(llama7b, H100_SXM, 1), 1, 128)
     assert cpu > 50 * gpu
+
+
+LLAMA2_7B_CONFIG = {
+    "model_type": "llama",
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.kept: list[Calibration] = []
+
+    def all(self) -> list[Calibration]:
+        return list(self.kept)
+
+    def put(self, calibration: Calibration) -> None:
+        self.kept.append(calibration)
+
+
+def test_an_uploaded_profile_is_fitted_at_the_dtype_its_config_declares() -> None:
+    """A float32 profile streams 4 bytes per weight and KV value: fitted as BF16 (what the
+    daemon did before) the same times read as half the bandwidth they took."""
+    config = {**LLAMA2_7B_CONFIG, "torch_dtype": "float32"}
+    arch = ModelArch.from_hf_config("llama2-7b", config)
+    truth = shipped_factors().for_kind("H100-SXM")
+    perf = PerfModel(shipped_factors())
+    dep = Deployment(arch, H100_SXM, 1, Dtype.FP32)
+    lines = [HEADER.strip()]
+    for prompt in (128, 512, 2048):
+        for batch in (1, 4, 16, 64):
+            pre = perf.prefill_time_s(dep, [prompt] * batch) * 1e3
+            dec = perf.decode_step_time_s(dep, batch, batch * (prompt + 64)) * 1e3
+            lines.append(f"llama2-7b,h100-80gb,1,{prompt},{batch},128,{pre:.4f},{dec:.4f}")
+    profile = "\n".join(lines) + "\n"
+
+    def upload(torch_dtype: str) -> Calibration:
+        cals = Calibrations(_Store(), GpuCatalogue([H100_SXM]), {"m": llama2_70b()}, lambda: 0.0)
+        return cals.upload("m", "H100-SXM", profile, {**config, "torch_dtype": torch_dtype})
+
+    fp32 = upload("float32")
+    assert fp32.median_error_pct < 1.0
+    # within its prior's pull (centre 0.85) on a profile at one TP degree
+    assert fp32.factors.bw_eff == pytest.approx(truth.bw_eff, rel=0.06)
+    assert fp32.factors.gemm_eff == pytest.approx(truth.gemm_eff, rel=0.03)
+    as_bf16 = upload("bfloat16")  # the same times read as 2-byte values
+    assert as_bf16.factors.bw_eff < 0.75 * truth.bw_eff
+    assert as_bf16.factors.gemm_eff < 0.75 * truth.gemm_eff
+    with pytest.raises(InvalidArgument, match="torch_dtype: 'int3' is not one of") as err:
+        upload("int3")
+    assert err.value.field == "model_config.torch_dtype"

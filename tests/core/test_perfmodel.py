@@ -8,6 +8,7 @@ from fleetshift_common.errors import FleetShiftError
 from fleetshift_daemon.core.corrections import CorrectionTable, Phase
 from fleetshift_daemon.core.errors import InvalidModelArch, UnsupportedDeployment
 from fleetshift_daemon.core.gpus import A100_SXM_80GB, H100_SXM, H200_SXM, L40S
+from fleetshift_daemon.core.perf_factors import EfficiencyFactors, KindFactors
 from fleetshift_daemon.core.perfmodel import Deployment, Dtype, ModelArch, PerfModel, llama2_70b
 
 LLAMA2_70B_HF = {
@@ -285,3 +286,129 @@ def test_a_cpu_kind_is_the_reference_engine_one_query_row_at_a_time() -> None:
     as_gpu = dataclasses.replace(cpu, name="GPU-like")  # same figures, a GPU engine's shape
     on_gpu = PerfModel().coefficients(Deployment(small, as_gpu, 1, Dtype.FP32))
     assert on_gpu.p_sq < on_cpu.p_sq and on_gpu.d_ctx > 2 * on_cpu.d_ctx
+
+
+def test_a_prefill_pass_pays_eager_launches_per_layer_and_a_decode_step_does_not() -> None:
+    """GPU serving stacks replay decode steps from a CUDA graph but run prefill eagerly, so a
+    prefill pass launches every layer's kernels: a time per layer that decode lacks. The host
+    launches while the device works, so the launches are a floor under a short pass (as the
+    weights' streaming is) and vanish under a long pass's device work."""
+    h100 = PerfModel().factors.for_kind(H100_SXM.name)
+    assert h100.prefill_layer_s > 0  # fitted on the reference table: ~0.4 ms per layer
+    none = dataclasses.replace(h100, prefill_layer_s=0.0, step_overhead_s=0.0)
+    launches = dataclasses.replace(none, prefill_layer_s=h100.prefill_layer_s)
+    for layers in (40, 80):
+        arch = dataclasses.replace(llama2_70b(), n_layers=layers)
+        dep = Deployment(arch, H100_SXM, 8)
+        with_launch = PerfModel(EfficiencyFactors({H100_SXM.name: launches}))
+        without = PerfModel(EfficiencyFactors({H100_SXM.name: none}))
+        short_with, short_without = (m.prefill_time_s(dep, [16]) for m in (with_launch, without))
+        assert short_with >= layers * h100.prefill_layer_s > short_without
+        long_with, long_without = (m.prefill_time_s(dep, [8192]) for m in (with_launch, without))
+        assert long_with == pytest.approx(long_without)  # hidden under the device's work
+        a, b = with_launch.coefficients(dep), without.coefficients(dep)
+        assert a.d0 == b.d0 and a.d_seq == b.d_seq
+
+
+def test_the_long_pass_slowdown_rides_on_the_all_reduces_and_is_absent_on_one_gpu() -> None:
+    """The slowdown of a pass beyond ``long_pass_tokens`` is stated at TP 2 and scales with the
+    bytes a ring all-reduce moves per GPU, 2 (t-1) / t: x1.5 at TP 4, x1.75 at TP 8, none on
+    one GPU (no all-reduce)."""
+    kf = PerfModel().factors.for_kind(A100_SXM_80GB.name)
+    assert kf.long_pass_token_s > 0 and kf.long_pass_tokens > 0
+    small = ModelArch("small", 16, 2048, 16, 8, 5632, 32000, 128)
+    perf = PerfModel()
+    co = {t: perf.coefficients(Deployment(small, A100_SXM_80GB, t)) for t in (1, 2, 4, 8)}
+    assert co[1].p_knee == 0.0
+    assert co[2].p_knee == pytest.approx(kf.long_pass_token_s)
+    assert co[4].p_knee / co[2].p_knee == pytest.approx(1.5)
+    assert co[8].p_knee / co[2].p_knee == pytest.approx(1.75)
+    n = kf.long_pass_tokens + 1024  # a pass well past the threshold
+    for t, extra in ((1, 0.0), (2, 512 * kf.long_pass_token_s)):
+        c = co[t]
+        step = c.prefill_s(n + 512, 0.0, 1) - c.prefill_s(n, 0.0, 1)
+        assert step == pytest.approx(512 * c.p_tok + extra)
+
+
+def test_a_contended_cpu_runs_the_reference_engine_python_as_much_slower_as_its_matmuls() -> None:
+    """On a CPU kind the engine's own times run on the core that does the matmuls: a host whose
+    measured matmul rate is half (another process holds half the core) takes twice as long
+    per step, per sequence and per layer row; streaming bytes is unchanged."""
+    from fleetshift_daemon.core.measurements import cpu_kind
+
+    small = ModelArch("small", 4, 512, 8, 4, 1408, 8000, 64)
+    quiet = cpu_kind("cpu-amd-epyc", {"matmul_tflops": 0.08, "copy_gbps": 24.0}, 24.0)
+    busy = cpu_kind("cpu-amd-epyc", {"matmul_tflops": 0.04, "copy_gbps": 24.0}, 24.0)
+    kf = KindFactors(
+        gemm_eff=0.7, bw_eff=0.85, link_latency_s=1e-6, link_eff=0.7, step_overhead_s=0.01,
+        seq_overhead_s=1e-3, prefill_seq_overhead_s=1e-3, layer_row_s=1e-4,
+    )  # fmt: skip
+    perf = PerfModel(EfficiencyFactors({quiet.name: kf}))
+    fast, slow = (perf.coefficients(Deployment(small, k, 1, Dtype.FP32)) for k in (quiet, busy))
+    weights = perf.weight_bytes(Deployment(small, quiet, 1, Dtype.FP32)) / (24e9 * kf.bw_eff)
+    assert slow.d0 - weights == pytest.approx(2 * (fast.d0 - weights))
+    assert slow.d_seq == pytest.approx(2 * fast.d_seq)  # rows, per-sequence time and GEMMs
+    assert slow.p_seq == pytest.approx(2 * fast.p_seq)
+    # the factors are stated at an idle core: 86 GFLOP/s float32 (0.172 in the FP32 convention)
+    idle = cpu_kind("cpu-amd-epyc", {"matmul_tflops": 0.086, "copy_gbps": 24.0}, 24.0)
+    at_idle = perf.coefficients(Deployment(small, idle, 1, Dtype.FP32))
+    idle_weights = perf.weight_bytes(Deployment(small, idle, 1, Dtype.FP32)) / (24e9 * kf.bw_eff)
+    assert at_idle.d0 - idle_weights == pytest.approx(kf.step_overhead_s)
+
+
+def test_the_reference_engine_computes_whole_16_row_chunks() -> None:
+    """The reference engine multiplies in fixed 16-row chunks (a token's numbers must not
+    depend on its batch): a decode step of 1 to 16 sequences computes 16 rows of every GEMM
+    and of the LM head, and the 17th sequence costs another 16 rows."""
+    from fleetshift_daemon.core.measurements import cpu_kind
+
+    cpu = cpu_kind("cpu-amd-epyc", {"matmul_tflops": 0.09, "copy_gbps": 24.0}, 24.0)
+    small = ModelArch("small", 4, 512, 8, 4, 1408, 8000, 64)
+    perf = PerfModel()
+    dep = Deployment(small, cpu, 1, Dtype.FP32)
+    c = perf.coefficients(dep)
+    assert c.row_chunk == 16 and c.d_row > 0
+    step = [perf.decode_step_time_s(dep, b, 0) for b in (1, 16, 17)]
+    assert step[1] - step[0] == pytest.approx(15 * c.d_seq)  # bookkeeping only, no GEMM rows
+    assert step[2] - step[1] == pytest.approx(c.d_seq + 16 * c.d_row)
+    gpu = perf.coefficients(Deployment(small, H100_SXM, 1))
+    assert gpu.row_chunk == 0 and gpu.d_row == gpu.p_row == gpu.p_head == 0.0
+
+
+def test_weights_larger_than_the_cores_cache_stream_in_again_for_every_chunk() -> None:
+    """The reference engine multiplies each layer's weights once per 16-row chunk. A weight
+    group larger than the core's own cache is read from memory again by every chunk, under the
+    multiply: a chunk takes the longer of the two. On a host with fast matmuls and slow memory
+    that is a stall per chunk; a group that fits the cache, or a GPU engine, has none."""
+    from fleetshift_daemon.core.measurements import cpu_kind
+
+    mid = ModelArch("mid", 6, 768, 12, 3, 2048, 8000, 64)
+    slow_memory = cpu_kind("cpu-x", {"matmul_tflops": 0.1, "copy_gbps": 2.0}, 24.0)
+    kf = KindFactors(
+        gemm_eff=0.5, bw_eff=0.8, link_latency_s=1e-6, link_eff=0.7, step_overhead_s=0.01,
+        seq_overhead_s=1e-3, prefill_seq_overhead_s=1e-3, layer_row_s=1e-4,
+    )  # fmt: skip
+    perf = PerfModel(EfficiencyFactors({slow_memory.name: kf}))
+    dep = Deployment(mid, slow_memory, 1, Dtype.FP32)
+    c = perf.coefficients(dep)
+    gemm, mem = 0.1e12 * kf.gemm_eff, 2e9 * kf.bw_eff
+    qkv = 768 * (12 + 2 * 3) * 64
+    post = 768 * 768 + 3 * 768 * 2048  # output projection, gate, up, down
+    expect = sum(max(0.0, 4 * nk / mem - 32 * nk / gemm) for nk in (qkv, post))
+    assert c.p_stall == pytest.approx(6 * expect) and c.p_stall > 0
+    assert c.p_head_stall == pytest.approx(max(0.0, 4 * 8000 * 768 / mem - 32 * 8000 * 768 / gemm))
+    one, two = (perf.prefill_time_s(dep, [n]) for n in (160, 161))  # an 11th chunk
+    assert two - one == pytest.approx(16 * c.p_row + c.p_stall + c.p_tok + 321 * c.p_sq)
+    # decode streams all weights once anyway: only a second chunk of sequences stalls
+    steps = [perf.decode_step_time_s(dep, b, 0) for b in (1, 16, 17)]
+    assert steps[1] - steps[0] == pytest.approx(15 * c.d_seq)
+    assert steps[2] - steps[1] == pytest.approx(c.d_seq + 16 * c.d_row + c.d_stall)
+    # the same host with a cache that holds every group, or with memory fast enough: no stall
+    cached = dataclasses.replace(slow_memory, core_cache_mb=64.0)
+    fast = cpu_kind("cpu-x", {"matmul_tflops": 0.1, "copy_gbps": 200.0}, 24.0)
+    for kind in (cached, fast):
+        other = PerfModel(EfficiencyFactors({kind.name: kf}))
+        co = other.coefficients(Deployment(mid, kind, 1, Dtype.FP32))
+        assert co.p_stall == co.p_head_stall == co.d_stall == 0.0
+    gpu = PerfModel().coefficients(Deployment(mid, H100_SXM, 1))
+    assert gpu.p_stall == gpu.p_head_stall == gpu.d_stall == 0.0

@@ -14,6 +14,7 @@ from fleetshift_daemon.core.planner import (
     PlacedWorker,
     Placement,
     Planner,
+    PlannerConfig,
     SloTarget,
     planning_input,
 )
@@ -50,7 +51,13 @@ def test_decode_heavy_traffic_puts_decode_on_the_h200s() -> None:
 
 
 def test_prefill_heavy_traffic_puts_prefill_on_the_h100s() -> None:
-    _, sol = solve(h100_h200_fleet(), [ModelDemand(M70, 5.0, 6000, 50)])
+    # A load that needs both kinds at the default headroom (10 requests/s of derated
+    # capacity: 5/s at utilisation 0.5). At a fixed 5/s and utilisation 0.8 the whole demand
+    # fits on the two H100 nodes, and the cheapest answer (16 H100 GPUs, $48/h, against
+    # 24 GPUs with the H200s) rightly decodes on an H100: the roles' affinity is only
+    # visible when the H200s are needed (fs-11c).
+    rate = 10.0 * PlannerConfig().utilisation
+    _, sol = solve(h100_h200_fleet(), [ModelDemand(M70, rate, 6000, 50)])
     on_h100 = roles_on(sol.placement, "H100-SXM")
     assert on_h100 and set(on_h100) == {Role.PREFILL}
     decoding = [w for w in sol.placement.workers if w.role is not Role.PREFILL]

@@ -91,3 +91,42 @@ def test_surplus_retires_only_after_measured_margin_held_for_the_hold() -> None:
     assert report.decision.propose and "margin held" in report.decision.reason
     stops = [m for m in report.plan.moves if m.kind is MoveKind.STOP]
     assert stops and len(stops) < len(serving)
+
+
+def _split(prefill: list[str], decode: list[str]) -> Placement:
+    def worker(n: str, role: Role) -> PlacedWorker:
+        return PlacedWorker(M70, role, n.split("-")[0].upper() + "-SXM", 8, Dtype.BF16, n, n)
+
+    return Placement(
+        tuple(worker(n, Role.PREFILL) for n in prefill)
+        + tuple(worker(n, Role.DECODE) for n in decode)
+    )
+
+
+def test_a_decode_memory_shortage_brings_decode_capacity_not_prefill() -> None:
+    # A split pair whose decode worker ran out of KV: hand-offs wait on it, the prefill
+    # worker's KV is held by their prompts, its prompt queue grows and TTFT misses. The
+    # capacity that comes back must serve decode; a prefill worker would only queue more.
+    clock = ManualClock(1000.0)
+    monitor = SloMonitor(clock)
+    cycle = _cycle(clock, monitor)
+    current = _split(["h200-0"], ["h200-1"])
+    light = _inp(0.5)
+    cycle.run(light, current)
+    for q in (4, 8, 16, 32):
+        monitor.observe(
+            [
+                LatencySample(
+                    "h200-0", M70, 2000.0, 9000.0, 0.0, 0.0, q, q, Role.PREFILL, 990, 1000
+                ),
+                LatencySample(
+                    "h200-1", M70, 0.0, 0.0, 40.0, 90.0, q, 64 + q, Role.DECODE, 998, 1000
+                ),
+            ]
+        )
+        clock.advance(10.0)
+    report = cycle.run(light, current)
+    assert report.decision.propose and "at risk" in report.decision.reason
+    assert report.measured[M70].decode_short and not report.measured[M70].prefill_short
+    roles = [m.target.role for m in report.plan.moves if m.target is not None]
+    assert roles and all(r in (Role.DECODE, Role.MIXED) for r in roles), report.plan.moves

@@ -6,13 +6,17 @@ import numpy as np
 import pytest
 
 from fleetshift_common.errors import InvalidArgument
+from fleetshift_common.vocabulary import Role
 from fleetshift_daemon.core.burst import BurstConfig, fluid_capacity, phase_need
+from fleetshift_daemon.core.fleet import WorkerCounters
 from fleetshift_daemon.core.planner import SloTarget
 from fleetshift_daemon.core.slo_monitor import (
+    KV_BLOCK_TOKENS,
     LatencySample,
     SloMonitor,
     SloMonitorConfig,
     SloThresholds,
+    sample_from_counters,
     share_within,
 )
 
@@ -53,6 +57,83 @@ def test_growing_queues_are_a_risk_before_any_latency_misses() -> None:
         clock.advance(10)
     a = mon.assess("m", SLO)
     assert a.at_risk and a.queue_growing and a.prefill_short
+
+
+def _heartbeat(
+    worker: str, role: Role, queue: int, kv_used: int, ttft_p99: float, tbt_p99: float = 50.0
+) -> LatencySample:
+    """A worker's counters as its heartbeat carries them (KV in blocks of 16 tokens)."""
+    counters = WorkerCounters(
+        worker,
+        queue_depth=queue,
+        kv_blocks_used=kv_used,
+        kv_blocks_total=1000,
+        live_sessions=8 + queue,
+        ttft_p50_ms=ttft_p99 / 3,
+        ttft_p99_ms=ttft_p99,
+        tbt_p50_ms=tbt_p99 / 2,
+        tbt_p99_ms=tbt_p99,
+    )
+    return sample_from_counters(counters, "m", role)
+
+
+def test_hand_offs_waiting_for_decode_memory_read_as_a_decode_shortage() -> None:
+    # A split fleet whose decode worker is out of KV: hand-offs queue on it, the prompts they
+    # came from hold the prefill worker's KV, so its prompt queue grows and TTFT misses. That
+    # is a decode shortage; before the queue was split by side, it read as a prefill one.
+    clock = ManualClock()
+    mon = SloMonitor(clock)
+    for q in (4, 8, 16, 32):
+        mon.observe(
+            [
+                _heartbeat("p", Role.PREFILL, queue=q, kv_used=990, ttft_p99=5000.0),
+                _heartbeat("d", Role.DECODE, queue=q // 2, kv_used=995, ttft_p99=0.0),
+            ]
+        )
+        clock.advance(10)
+    a = mon.assess("m", SLO)
+    assert a.at_risk and a.memory_bound and a.decode_queue_growing
+    assert a.decode_short and not a.prefill_short
+    assert not a.prefill_queue_growing
+
+
+def test_prompts_queued_with_memory_free_read_as_a_prefill_shortage() -> None:
+    clock = ManualClock()
+    mon = SloMonitor(clock)
+    for q in (4, 8, 16, 32):
+        mon.observe(
+            [
+                _heartbeat("p", Role.PREFILL, queue=q, kv_used=200, ttft_p99=5000.0),
+                _heartbeat("d", Role.DECODE, queue=0, kv_used=500, ttft_p99=0.0),
+            ]
+        )
+        clock.advance(10)
+    a = mon.assess("m", SLO)
+    assert a.at_risk and a.prefill_queue_growing and a.prefill_short
+    assert not a.decode_short and not a.memory_bound
+
+
+def test_a_colocated_worker_out_of_kv_is_short_of_both_phases() -> None:
+    # A mixed worker's prompts wait behind its own running decodes: more of either phase
+    # alone would not do, so both are reported short (a new mixed worker brings both).
+    clock = ManualClock()
+    mon = SloMonitor(clock)
+    for q in (4, 8, 16, 32):
+        mon.observe([_heartbeat("m", Role.MIXED, queue=q, kv_used=995, ttft_p99=5000.0)])
+        clock.advance(10)
+    a = mon.assess("m", SLO)
+    assert a.memory_bound and not a.handoff_blocked
+    assert a.prefill_short and a.decode_short
+
+
+def test_counters_convert_blocks_to_tokens_and_keep_the_role() -> None:
+    s = _heartbeat("d", Role.DECODE, queue=3, kv_used=950, ttft_p99=0.0)
+    assert (s.kv_used_tokens, s.kv_total_tokens) == (950 * KV_BLOCK_TOKENS, 1000 * KV_BLOCK_TOKENS)
+    assert s.role is Role.DECODE and s.queue_depth == 3 and s.decode_side(0.9)
+    assert not _heartbeat("p", Role.PREFILL, 3, 100, 10.0).decode_side(0.9)
+    with pytest.raises(InvalidArgument) as err:
+        SloMonitorConfig(kv_full_fraction=0.0)
+    assert err.value.field == "kv_full_fraction"
 
 
 def test_retiring_needs_margin_held_for_the_whole_hold_without_a_break() -> None:

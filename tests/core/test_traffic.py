@@ -73,6 +73,24 @@ def test_worker_counters_win_over_route_estimates() -> None:
     assert s.decode_tokens_per_s == pytest.approx(8020 / 10)
 
 
+def test_a_worker_born_while_watched_counts_from_its_first_token() -> None:
+    """A worker the daemon started after the monitor did has no history before it: its first
+    report's tokens are traffic (they were lost as a baseline). One adopted from before the
+    monitor started is only a baseline, since its counts may be hours old."""
+    clock = ManualClock(1000.0)
+    mon = TrafficMonitor(clock, TrafficConfig(window_s=100))
+    clock.t += 5
+    mon.observe_counters("old", "m", 9_000, 9_000, born_at=900.0)  # before the monitor
+    mon.observe_counters("new", "m", 0, 0)  # a first report with nothing yet: no change
+    mon.observe_counters("born", "m", 300, 600, born_at=1002.0)  # 3 s of life, all new
+    clock.t += 10
+    mon.observe_counters("old", "m", 9_100, 9_200, born_at=900.0)
+    s = mon.stats("m")
+    assert s.source == "counters"
+    assert s.prefill_tokens_per_s * s.window_s == pytest.approx(300 + 100)
+    assert s.decode_tokens_per_s * s.window_s == pytest.approx(600 + 200)
+
+
 def test_unknown_model_and_bad_input() -> None:
     mon = TrafficMonitor(ManualClock(1000.0))
     with pytest.raises(NotFound) as exc:

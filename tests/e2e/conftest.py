@@ -3,19 +3,16 @@ uninterrupted run produces, to compare moved sessions against."""
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
-from fleetshift.v1 import worker_pb2, worker_pb2_grpc
 from fleetshift_agent.engine.make_model import main as make_model
 from fleetshift_daemon.localfleet import LocalFleet, NodeSpec
+from tests.fleet_checks import SESSIONS, reference_streams, request
+
+__all__ = ["SESSIONS", "request"]  # the e2e tests import them from here
 
 MODEL = "small"
 NODES = (
@@ -23,26 +20,6 @@ NODES = (
     NodeSpec("h100-b", "NVIDIA H100 80GB HBM3", 2),
     NodeSpec("h200-a", "NVIDIA H200", 2),
 )
-# Two greedy and two seeded sessions, long enough to be mid-stream while a move runs.
-SESSIONS = [
-    ("s-greedy-1", [11, 22, 33, 44], 0.0, None),
-    ("s-greedy-2", [5, 6, 7, 8, 9, 10], 0.0, None),
-    ("s-seeded-1", [100, 200, 300], 0.9, 1234),
-    ("s-seeded-2", [42] * 12, 1.2, 99),
-]
-
-
-def request(
-    session: tuple[str, list[int], float, int | None], tokens: int, suffix: str = ""
-) -> worker_pb2.GenerateRequest:
-    sid, prompt, temperature, seed = session
-    sampling = worker_pb2.WorkerSampling(temperature=temperature)
-    if seed is not None:
-        sampling.seed = seed
-        sampling.top_p = 0.9
-    return worker_pb2.GenerateRequest(
-        prompt_tokens=prompt, max_new_tokens=tokens, sampling=sampling, session_id=sid + suffix
-    )
 
 
 @pytest.fixture(scope="session")
@@ -58,37 +35,7 @@ def reference_tokens(
 ) -> dict[int, dict[str, list[int]]]:
     """Per session length, what each session produces when nothing moves it."""
     port_file = tmp_path_factory.mktemp("ref") / "port"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fleetshift_agent.worker", "--model-dir", str(model_dir),
-         "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--no-compile", "--threads", "1",
-         "--model-id", MODEL],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while not (port_file.exists() and port_file.read_text().strip()):
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        endpoint = f"127.0.0.1:{int(port_file.read_text())}"
-
-        async def run(tokens: int) -> dict[str, list[int]]:
-            async with grpc.aio.insecure_channel(endpoint) as ch:
-                stub = worker_pb2_grpc.WorkerServiceStub(ch)
-
-                async def one(s: tuple[str, list[int], float, int | None]) -> list[int]:
-                    return [m.token async for m in stub.Generate(request(s, tokens, "-ref"))]
-
-                results = await asyncio.gather(*(one(s) for s in SESSIONS))
-            return {s[0]: r for s, r in zip(SESSIONS, results, strict=True)}
-
-        return {n: asyncio.run(run(n)) for n in (400, 700)}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)  # a loaded machine may take a while to let it exit
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+    return reference_streams(model_dir, port_file, MODEL, (400, 700))
 
 
 def make_fleet(

@@ -31,17 +31,24 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fleetshift.v1 import agent_pb2, agent_pb2_grpc
 from fleetshift.v1 import fleet_pb2 as fpb
-from fleetshift.v1 import fleet_pb2_grpc as fpb_grpc
 from fleetshift.v1 import operations_pb2 as pb
 from fleetshift.v1 import operations_pb2_grpc as pb_grpc
-from fleetshift.v1 import placement_pb2 as ppb
-from fleetshift.v1 import placement_pb2_grpc as ppb_grpc
 from fleetshift_common.failpoints import FILE_ENV
 from fleetshift_daemon.localfleet import LocalFleet
 from fleetshift_rpc.sessions import follow_session
+from tests import fleet_checks
+from tests.crash_checks import (
+    arm,
+    armed,
+    assert_completed,
+    assert_rolled_back,
+    heartbeating,
+    registered_anew,
+    released,
+)
 from tests.e2e.conftest import MODEL, NODES, SESSIONS, make_fleet, request
+from tests.fleet_checks import finished
 
 # Slow: a case runs real processes through a move and restarts; on a loaded 2-core machine one
 # takes minutes (the first also starts the shared fleet), hence the longer per-test timeout.
@@ -102,19 +109,6 @@ def fleet(shared_fleet: SharedFleet, request: pytest.FixtureRequest) -> Iterator
         shared_fleet.discard()  # a failed case may have left anything behind
 
 
-def arm(fleet: LocalFleet, failpoints: str) -> None:
-    """Arm ``failpoints`` in every process of the fleet (each name is hit by one process of a
-    move only), written whole so that no process reads half of it."""
-    path = Path(fleet.env[FILE_ENV])
-    path.with_suffix(".new").write_text(failpoints)
-    path.with_suffix(".new").replace(path)
-
-
-def armed(fleet: LocalFleet) -> bool:
-    path = Path(fleet.env[FILE_ENV])
-    return path.exists() and bool(path.read_text().strip())
-
-
 # -- what every case observes ------------------------------------------------------------------
 Followed = tuple[str, tuple, str]  # type: ignore[type-arg]  # endpoint, session, id suffix
 
@@ -150,57 +144,15 @@ class Streams:
         return await asyncio.wait_for(self.task, 300)
 
 
-async def finished(ops: pb_grpc.OperationsStub, op_id: str, timeout_s: float = 240) -> pb.Operation:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            op = await ops.GetOperation(pb.GetOperationRequest(operation_id=op_id), timeout=5)
-            if op.state in (pb.OPERATION_STATE_SUCCEEDED, pb.OPERATION_STATE_FAILED):
-                return op
-        except grpc.aio.AioRpcError:
-            pass  # the daemon is restarting
-        assert time.monotonic() < deadline, "operation did not finish"
-        await asyncio.sleep(0.2)
-
-
 async def serving(fleet: LocalFleet) -> dict[str, fpb.WorkerStatus]:
     async with grpc.aio.insecure_channel(fleet.daemon_address) as ch:
-        listed = await ppb_grpc.PlanningStub(ch).ListWorkers(ppb.ListWorkersRequest(), timeout=10)
-    return {w.worker_id: w for w in listed.workers if w.state == fpb.WORKER_STATE_SERVING}
+        return await fleet_checks.serving(ch)
 
 
 async def registry_matches_agents(fleet: LocalFleet) -> set[str]:
     """The serving workers in the registry are exactly those running on the agents."""
-    deadline = time.monotonic() + 30
-    while True:
-        registry = set(await serving(fleet))
-        async with grpc.aio.insecure_channel(fleet.daemon_address) as ch:
-            nodes = await fpb_grpc.FleetOperatorStub(ch).ListNodes(fpb.ListNodesRequest())
-        running: set[str] = set()
-        for node in nodes.nodes:
-            async with grpc.aio.insecure_channel(node.agent_address) as ch:
-                info = await agent_pb2_grpc.AgentServiceStub(ch).GetAgentInfo(
-                    agent_pb2.GetAgentInfoRequest(), timeout=5
-                )
-            running |= {w.worker_id for w in info.workers if w.state == fpb.WORKER_STATE_SERVING}
-        if registry == running or time.monotonic() > deadline:
-            assert registry == running
-            return registry
-        await asyncio.sleep(0.3)
-
-
-def assert_rolled_back(op: pb.Operation, phase: str = "") -> None:
-    step = op.steps[0]
-    assert op.state == pb.OPERATION_STATE_FAILED, op
-    assert step.state == pb.STEP_STATE_ROLLED_BACK and step.error, op
-    if phase:  # the restarted daemon found the step there, and said so
-        assert "daemon restarted" in op.error and repr(phase) in op.error, op.error
-
-
-def assert_completed(op: pb.Operation) -> None:
-    step = op.steps[0]
-    assert op.state == pb.OPERATION_STATE_SUCCEEDED, op
-    assert step.state == pb.STEP_STATE_DONE and step.phase == "done", op
+    async with grpc.aio.insecure_channel(fleet.daemon_address) as ch:
+        return await fleet_checks.registry_matches_agents(ch)
 
 
 # -- setting a case up ---------------------------------------------------------------------------
@@ -230,50 +182,6 @@ async def source_for(fleet: LocalFleet, warm: bool) -> tuple[fpb.WorkerStatus, s
     else:
         target = H200 if keep.node_name in H100 else H100[0]
     return keep, target
-
-
-async def heartbeating(fleet: LocalFleet, since: float, timeout_s: float = 60) -> None:
-    """Until every agent has heartbeated to the daemon after ``since`` (it restarted then)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            nodes = await asyncio.to_thread(fleet.list_nodes)
-        except grpc.RpcError:
-            nodes = []
-        fresh = {
-            n.name
-            for n in nodes
-            if n.state == fpb.NODE_STATE_READY and n.last_heartbeat_at.ToNanoseconds() / 1e9 > since
-        }
-        if fresh >= set(SPEC):
-            return
-        assert time.monotonic() < deadline, f"agents not heartbeating: {sorted(set(SPEC) - fresh)}"
-        await asyncio.sleep(0.1)
-
-
-async def registered_anew(fleet: LocalFleet, node: str, timeout_s: float = 60) -> None:
-    """Until the daemon lists ``node`` at the port its (restarted) agent listens on now."""
-    port_file = fleet.state_dir / f"agent-{node}.port"
-    deadline = time.monotonic() + timeout_s
-    while True:
-        port = port_file.read_text().strip() if port_file.exists() else ""
-        try:
-            nodes = await asyncio.to_thread(fleet.list_nodes)
-        except grpc.RpcError:
-            nodes = []  # the daemon is restarting
-        at = {n.name: n.agent_address for n in nodes if n.state == fpb.NODE_STATE_READY}
-        if port and at.get(node, "").endswith(f":{port}"):
-            return
-        assert time.monotonic() < deadline, f"{node} did not register its new agent"
-        await asyncio.sleep(0.1)
-
-
-async def released(marker: Path, timeout_s: float = 180) -> None:
-    """Wait for a ``hold`` failpoint to be reached (its marker appears)."""
-    deadline = time.monotonic() + timeout_s
-    while not marker.exists():
-        assert time.monotonic() < deadline, "failpoint not reached"
-        await asyncio.sleep(0.05)
 
 
 async def move_worker(
@@ -319,7 +227,7 @@ async def restart_daemon(fleet: LocalFleet) -> None:
     fleet.kill_daemon()
     since = time.time()
     await asyncio.to_thread(fleet.start_daemon, 120)
-    await heartbeating(fleet, since)
+    await heartbeating(fleet, since, SPEC)
 
 
 # -- the daemon dies at a phase of a move ---------------------------------------------------------

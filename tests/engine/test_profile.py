@@ -15,7 +15,7 @@ import pytest
 from fleetshift_daemon.cli.profile.grid import Point, WorkerLimits, geometric, plan_grid
 from fleetshift_daemon.cli.profile.knee import CurvePoint, find_knee
 from fleetshift_daemon.cli.profile.measure import PointFailed, timing_from_arrivals
-from fleetshift_daemon.cli.profile.output import COLUMNS
+from fleetshift_daemon.cli.profile.output import COLUMNS, HOST_COLUMNS, SHARE_COLUMN
 
 from .workers import WorkerProcess, Workers, workers_in
 
@@ -47,7 +47,9 @@ def test_profile_of_a_real_worker_writes_the_reference_tables_shape(
     assert done.returncode == 0, done.stderr
     with out.open() as fh:
         reader = csv.DictReader(fh)
-        assert tuple(reader.fieldnames or ()) == COLUMNS
+        # the reference table's columns first and unchanged, then the host's speed per run
+        # and the share of a core the worker's process got over it
+        assert tuple(reader.fieldnames or ()) == COLUMNS + HOST_COLUMNS + (SHARE_COLUMN,)
         rows = list(reader)
     # 1024 + 12 tokens exceed the tiny model's 512 positions; the worker runs 4 sessions.
     grid = {(int(r["prompt_size"]), int(r["batch_size"])) for r in rows}
@@ -61,11 +63,20 @@ def test_profile_of_a_real_worker_writes_the_reference_tables_shape(
         )
         assert 0 < prompt_ms < e2e_ms and 0 < token_ms < e2e_ms
         assert int(r["token_size"]) >= 12
+        assert float(r["host_matmul_gflops"]) > 0 and float(r["host_copy_gbps"]) > 0
+        # one compute thread plus the worker's gRPC and Python threads: some of a core, never
+        # nothing (it computed) and never far past what two cores give
+        assert 0 < float(r[SHARE_COLUMN]) <= 2.05, r[SHARE_COLUMN]
     sidecar = json.loads(out.with_suffix(".json").read_text())
     assert sidecar["hardware_is_cpu"] is True
     assert sidecar["host"]["cpu_cores"] >= 1 and sidecar["host"]["torch_version"]
     peaks = sidecar["host"]["measured_peaks"]
     assert peaks["matmul_tflops"] > 0 and peaks["copy_gbps"] > 0
+    assert peaks["probe_matmul_gflops"] > 0 and peaks["probe_copy_gbps"] > 0
+    # per second of CPU time the rate is at least the wall-clock one (a share of the core)
+    assert peaks["cpu_matmul_tflops"] >= 0.9 * peaks["matmul_tflops"]
+    assert peaks["cpu_copy_gbps"] >= 0.9 * peaks["copy_gbps"]
+    assert sidecar["host"]["core_cache_mb"] >= 0
     assert sidecar["worker"]["engine"].startswith("fleetshift-ref")
     assert sidecar["model_config"]["num_hidden_layers"] == 2
     assert any("512 positions" in why for why in sidecar["sweep"]["left_out"])
@@ -135,3 +146,120 @@ def test_decode_is_timed_only_while_the_whole_batch_decodes() -> None:
     assert t.decode_steps_timed == 2 and t.stagger_steps == 3
     with pytest.raises(PointFailed, match="after 3 of 6 tokens"):
         timing_from_arrivals(point, 0.0, [a, b[:3]])
+
+
+def test_the_probed_csv_is_read_back_at_each_runs_host_speed(tmp_path: Path) -> None:
+    """What ``fleetshift profile`` writes is what the calibration reads: the reference
+    columns first, then each run's probed host speed, which sets that row's CPU kind."""
+    from fleetshift_daemon.cli.profile.machine import HostProbe, mean_speed
+    from fleetshift_daemon.cli.profile.measure import HostSpeed, Timing
+    from fleetshift_daemon.cli.profile.output import ProfileLabel, write_csv
+    from fleetshift_daemon.core.measurements import load_measurements
+
+    probed = HostProbe(threads=1)()  # real tensors on this host
+    assert probed.matmul_gflops > 0 and probed.copy_gbps > 0
+    speed = mean_speed(HostSpeed(40.0, 4.0), HostSpeed(20.0, 2.0))
+    assert speed == HostSpeed(30.0, 3.0)
+    runs = [
+        Timing(Point(16, 1, 8), 0.2, 0.02, 0.4, 7, 0, HostSpeed(60.0, 6.0)),
+        Timing(Point(32, 1, 8), 0.4, 0.04, 0.8, 7, 0, speed),
+    ]
+    out = tmp_path / "p.csv"
+    write_csv(out, ProfileLabel("m", "cpu-x", 1), runs)
+    with out.open() as fh:
+        assert tuple(csv.DictReader(fh).fieldnames or ()) == COLUMNS + HOST_COLUMNS
+    peaks = {"matmul_tflops": 0.05, "copy_gbps": 5.0}
+    peaks |= {"probe_matmul_gflops": 60.0, "probe_copy_gbps": 6.0}
+    out.with_suffix(".json").write_text(json.dumps({"host": {"measured_peaks": peaks}}))
+    kinds = {m.prompt_size: m.kind for m in load_measurements(out)}
+    assert kinds[16].bf16_tflops == pytest.approx(0.1) and kinds[16].hbm_tbps == 0.005
+    assert kinds[32].bf16_tflops == pytest.approx(0.05)  # half the start's speed
+    assert kinds[32].hbm_tbps == pytest.approx(0.0025)
+    write_csv(out, ProfileLabel("m", "cpu-x", 1), [Timing(Point(16, 1, 8), 0.2, 0.02, 0.4, 7, 0)])
+    with out.open() as fh:  # not probed (--no-peaks, a remote worker): the nine columns only
+        assert tuple(csv.DictReader(fh).fieldnames or ()) == COLUMNS
+
+
+def test_the_workers_cpu_share_sets_its_rows_rate_from_the_cores_rate_per_cpu_second(
+    tmp_path: Path,
+) -> None:
+    """A probe between runs samples the host; what a run's time reflects is the share of a
+    core the worker got. With the worker's CPU seconds per run written, a row's kind is the
+    core's rate per CPU second (the sidecar's ``cpu_*``) times that share."""
+    from fleetshift_daemon.cli.profile.measure import HostSpeed, Timing
+    from fleetshift_daemon.cli.profile.output import ProfileLabel, write_csv
+    from fleetshift_daemon.core.measurements import load_measurements
+
+    runs = [  # 0.1 CPU s over a 0.4 s run: a quarter of a core; then half of one
+        Timing(Point(16, 1, 8), 0.2, 0.02, 0.4, 7, 0, HostSpeed(60.0, 6.0), worker_cpu_s=0.1),
+        Timing(Point(32, 1, 8), 0.4, 0.04, 0.8, 7, 0, HostSpeed(60.0, 6.0), worker_cpu_s=0.4),
+    ]
+    out = tmp_path / "p.csv"
+    write_csv(out, ProfileLabel("m", "cpu-x", 1), runs)
+    with out.open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert [float(r[SHARE_COLUMN]) for r in rows] == [0.25, 0.5]
+    peaks = {"matmul_tflops": 0.05, "copy_gbps": 5.0, "probe_matmul_gflops": 60.0}
+    peaks |= {"probe_copy_gbps": 6.0, "cpu_matmul_tflops": 0.08, "cpu_copy_gbps": 8.0}
+    sidecar = {"host": {"measured_peaks": peaks, "core_cache_mb": 1.0}}
+    out.with_suffix(".json").write_text(json.dumps(sidecar))
+    kinds = {m.prompt_size: m.kind for m in load_measurements(out)}
+    assert kinds[16].bf16_tflops == pytest.approx(2 * 0.08 * 0.25)  # FP32 rate doubled
+    assert kinds[16].hbm_tbps == pytest.approx(0.008 * 0.25)
+    assert kinds[32].bf16_tflops == pytest.approx(2 * 0.08 * 0.5)
+    assert kinds[16].core_cache_mb == 1.0
+    # a sidecar without the per-CPU-second rates: the probes scale the peaks, as before
+    del peaks["cpu_matmul_tflops"], peaks["cpu_copy_gbps"]
+    out.with_suffix(".json").write_text(json.dumps({"host": {"measured_peaks": peaks}}))
+    kinds = {m.prompt_size: m.kind for m in load_measurements(out)}
+    assert kinds[16].bf16_tflops == pytest.approx(0.1) and kinds[16].core_cache_mb == 0.0
+
+
+def test_the_local_workers_process_is_found_by_its_port_and_its_cpu_time_read(
+    tmp_path: Path,
+) -> None:
+    """The profiler finds the worker it sweeps by the loopback port it listens on and reads
+    its CPU seconds from the kernel: here a real listening socket of a real child process."""
+    import socket
+    import time
+
+    from fleetshift_daemon.cli.profile.machine import core_cache_mb, listening_pid, process_cpu_s
+
+    busy = (
+        "import socket,sys,time\n"
+        "s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen()\n"
+        "print(s.getsockname()[1], flush=True)\n"
+        "end=time.process_time()+0.3\n"
+        "while time.process_time()<end: pass\n"
+        "time.sleep(30)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", busy], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+        assert listening_pid(port) == child.pid
+        deadline = time.monotonic() + 20
+        while process_cpu_s(child.pid) < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert 0.3 <= process_cpu_s(child.pid) < 5
+    finally:
+        child.kill()
+        child.wait()
+    with socket.socket() as idle:  # bound, not listening: not a worker
+        idle.bind(("127.0.0.1", 0))
+        assert listening_pid(idle.getsockname()[1]) is None
+    # the cache private to a core, from a sysfs tree laid out as the kernel's
+    cpu = tmp_path / "cpu0"
+    (cpu / "topology").mkdir(parents=True)
+    (cpu / "topology" / "thread_siblings_list").write_text("0\n")
+    for i, (level, kind, size, shared) in enumerate(
+        [(1, "Data", "32K", "0"), (1, "Instruction", "32K", "0"), (2, "Unified", "1024K", "0"),
+         (3, "Unified", "32768K", "0-1")]
+    ):  # fmt: skip
+        d = cpu / "cache" / f"index{i}"
+        d.mkdir(parents=True)
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (d / name).write_text(f"{value}\n")
+        (d / "shared_cpu_list").write_text(f"{shared}\n")
+    assert core_cache_mb(cpu) == 1.0  # L2; the L3 is shared with the other core
+    assert core_cache_mb(tmp_path / "nowhere") == 0.0

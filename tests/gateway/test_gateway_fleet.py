@@ -1,9 +1,12 @@
 """The gateway in front of a real fleet (daemon, agents, reference-engine workers), driven by
 the official ``openai`` client over real HTTP: completions and chat, streamed and not; four
 streams that cross a warm and then a cold move and still see exactly an unmoved run's tokens;
-refusals that leave the traffic mix unchanged; HTTPS with the fleet CA and a bearer token; a
+refusals that leave the traffic mix unchanged; requests started on a kept Route answer,
+each still counted once; HTTPS with the fleet CA and a bearer token; a
 SIGKILLed gateway that loses only its own connection; a split (prefill worker, then decode
-worker) answer served as one stream; a daemon that goes down and comes back.
+worker) answer served as one stream, and its fallbacks when the decode worker lacks KV (the
+prefill worker decodes it; or, that one gone too, a worker a fresh Route names); a daemon that
+goes down and comes back.
 
 One fleet serves the whole module (starting one costs tens of seconds on a loaded 2-core
 machine), so the tests run in file order and each looks up where the worker is now."""
@@ -12,11 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -24,7 +30,10 @@ import httpx
 import httpx2
 import openai
 import pytest
+from fleetshift_gateway.requests import Generation
+from fleetshift_gateway.routes import Router
 from fleetshift_gateway.tokenizer import ModelTokenizer
+from fleetshift_gateway.upstream import WorkerChannels, serve
 
 from fleetshift.v1 import fleet_pb2 as fpb
 from fleetshift.v1 import operations_pb2 as pb
@@ -42,6 +51,7 @@ from .procs import GatewayProcess, gateway, start_gateway, stop
 pytestmark = pytest.mark.slow
 TOKENS = 400  # long enough for four streams to be mid-way when a move runs
 SHORT = 120  # where nothing has to be caught mid-way: a prefix of the TOKENS-long reference
+STEPS = 40  # engine steps the SIGKILL test lets both sessions take before the kill
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +282,48 @@ def test_refused_requests_are_not_routed_or_counted(served: tuple[LocalFleet, st
     assert traffic_requests(fleet) == before + 1  # the mix does count a served request
 
 
+def test_requests_started_on_a_kept_route_are_each_counted_once(
+    served: tuple[LocalFleet, str, str], model_dir: Path, tmp_path: Path
+) -> None:
+    """Requests of one shape back to back through a gateway that keeps Route answers (30 s
+    here, so every request after the first starts on the kept one): the first waits for its
+    Route, the others do not, and the traffic mix still counts each exactly once by the time
+    its client has the whole answer."""
+    fleet, _, _ = served
+    metrics = free_port()
+    extra = ("--route-cache-s", "30", "--metrics-port", str(metrics))
+    with gateway(tmp_path, fleet.daemon_address, MODEL, model_dir, *extra) as url:
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+        before = traffic_requests(fleet)
+        for i in range(6):
+            if i % 2:
+                whole = client.completions.create(
+                    model=MODEL, prompt=[5, 6, 7], max_tokens=3, temperature=0
+                )
+                assert whole.usage is not None and whole.usage.completion_tokens == 3
+            else:
+                chunks = client.completions.create(
+                    model=MODEL, prompt=[5, 6, 7], max_tokens=3, temperature=0, stream=True
+                )
+                assert len([c for c in chunks if c.choices]) == 3
+            assert traffic_requests(fleet) == before + i + 1  # counted once the answer is out
+        body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0}
+        timed = httpx.post(url + "/completions", json=body, timeout=60)
+        spent = dict(p.strip().split(";dur=") for p in timed.headers["server-timing"].split(","))
+        assert set(spent) == {"read", "route", "upstream", "total"}, spent
+        parts = float(spent["read"]) + float(spent["route"]) + float(spent["upstream"])
+        assert abs(parts - float(spent["total"])) < 0.01, spent  # the whole, in its parts
+        scraped = httpx.get(f"http://127.0.0.1:{metrics}/metrics", timeout=10).text
+    assert 'fleetshift_gateway_route_answers_total{source="daemon"} 1.0' in scraped, scraped
+    assert 'fleetshift_gateway_route_answers_total{source="kept"} 6.0' in scraped, scraped
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def certs(*args: str) -> None:
     cmd = [sys.executable, "-m", "fleetshift_daemon.cli.main", "certs", *args]
     subprocess.run(cmd, check=True, capture_output=True)
@@ -349,7 +401,12 @@ async def _kill_one_gateway_mid_stream(
     fleet: LocalFleet, url: str, doomed: GatewayProcess
 ) -> dict[str, object]:
     """One stream through the doomed gateway (long: 5 x TOKENS), one through the module's;
-    the doomed one is SIGKILLed once both are mid-stream."""
+    the doomed one is SIGKILLed once both are mid-stream.
+
+    The worker is paused while both sessions start and then single-stepped (STEPS steps,
+    after which it pauses again), so at the kill the doomed session is mid-way whatever the
+    machine's load: a starved gateway must not let the worker finish the session before the
+    kill, which would leave the test nothing to check (a CI run at load 21 did exactly that)."""
     both = asyncio.Event()
     counts = {"kept": 0, "killed": 0}
     (worker,) = await _serving(fleet)
@@ -369,18 +426,69 @@ async def _kill_one_gateway_mid_stream(
                 both.set()
         return pieces
 
-    kept = asyncio.create_task(run(url, SESSIONS[1], "kept", SHORT))
-    killed = asyncio.create_task(run(doomed.url, SESSIONS[0], "killed", 5 * TOKENS))
-    await asyncio.wait_for(both.wait(), 120)
-    doomed.proc.send_signal(signal.SIGKILL)
-    error: BaseException | None = None
-    try:
-        await asyncio.wait_for(killed, 60)
-    except (openai.APIError, httpx2.HTTPError) as err:
-        error = err
+    async with grpc.aio.insecure_channel(worker.endpoint) as ch:
+        stub = worker_pb2_grpc.WorkerServiceStub(ch)
+        await stub.Pause(wpb.WorkerPauseRequest(), timeout=30)
+        try:
+            kept = asyncio.create_task(run(url, SESSIONS[1], "kept", SHORT))
+            killed = asyncio.create_task(run(doomed.url, SESSIONS[0], "killed", 5 * TOKENS))
+            await _wait_live(worker.endpoint, 2)
+            await stub.Resume(wpb.WorkerResumeRequest(steps=STEPS), timeout=30)
+            await asyncio.wait_for(both.wait(), 120)
+            doomed.proc.send_signal(signal.SIGKILL)
+            error: BaseException | None = None
+            try:
+                await asyncio.wait_for(killed, 60)
+            except (openai.APIError, httpx2.HTTPError) as err:
+                error = err
+            await _wait_live(worker.endpoint, 1)  # the orphan is cancelled, paused or not
+        finally:
+            await stub.Resume(wpb.WorkerResumeRequest(), timeout=30)
     result = await asyncio.wait_for(kept, 300)
     after = await _wait_idle(worker.endpoint)
     return {"kept": result, "error": error, "decoded": after.decode_tokens - before.decode_tokens}
+
+
+async def _wait_live(endpoint: str, sessions: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (counters := await _counters(endpoint)).live_sessions != sessions:
+        assert time.monotonic() < deadline, f"not {sessions} live sessions: {counters}"
+        await asyncio.sleep(0.1)
+
+
+def test_a_client_closing_its_stream_ends_the_worker_session(
+    served: tuple[LocalFleet, str, str], model_dir: Path, expected: dict[str, list[int]]
+) -> None:
+    """The gateway notices a client that goes away mid-stream (its connection closed, the
+    gateway still up) and cancels the worker's session instead of decoding it to its end."""
+    fleet, url, _ = served
+    decoded = asyncio.run(_close_mid_stream(fleet, url))
+    assert 10 <= decoded < TOKENS  # of the 5 x TOKENS asked for, as in the SIGKILL test
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
+    session = SESSIONS[1]
+    again = client.completions.create(
+        model=MODEL, prompt=session[1], max_tokens=SHORT, temperature=0, stream=True
+    )
+    tok = ModelTokenizer.load(MODEL, model_dir)
+    assert [c.choices[0].text for c in again] == deltas(tok, expected[session[0]][:SHORT])
+
+
+async def _close_mid_stream(fleet: LocalFleet, url: str) -> int:
+    (worker,) = await _serving(fleet)
+    before = await _counters(worker.endpoint)
+    client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
+    stream = await client.completions.create(
+        model=MODEL, prompt=SESSIONS[0][1], max_tokens=5 * TOKENS, stream=True, temperature=0
+    )
+    seen = 0
+    async for _ in stream:
+        seen += 1
+        if seen == 10:
+            break
+    await stream.close()
+    after = await _wait_idle(worker.endpoint)
+    await client.close()
+    return after.decode_tokens - before.decode_tokens
 
 
 async def _counters(endpoint: str) -> fpb.WorkerCounters:
@@ -434,6 +542,228 @@ def test_split_answer_is_served_end_to_end(
     assert prefilled[prefill.endpoint] >= len(greedy[1]) + len(seeded[1])
     assert decoded[decode.endpoint] >= 2 * (SHORT - 3)  # the decode worker made the streams
     assert decoded[prefill.endpoint] <= 2 * 2  # the prefill worker stopped at the hand-off
+
+
+def test_split_answer_decodes_on_the_prefill_worker_when_the_decode_worker_lacks_kv(
+    served: tuple[LocalFleet, str, str], model_dir: Path
+) -> None:
+    """The decode worker's KV held all but a few blocks (staged sessions: imported, holding
+    KV, never scheduled), so it refuses the hand-over ("KV cache needs N more blocks"). The
+    client still gets its whole stream, a direct run's tokens exactly, greedy and seeded;
+    the prefill worker decoded it, the decode worker did not."""
+    fleet, url, _ = served
+    roles = {w.role: w for w in asyncio.run(_serving(fleet))}
+    prefill, decode = roles[fpb.WORKER_ROLE_PREFILL], roles[fpb.WORKER_ROLE_DECODE]
+    prompt = [(7 * i) % 4000 + 3 for i in range(LONG_PROMPT)]  # more blocks than left free
+    greedy = ("kv-greedy", prompt, 0.0, None)
+    seeded = ("kv-seeded", prompt, 0.9, 4321)
+    reference = asyncio.run(_direct_runs(prefill.endpoint, [greedy, seeded], SHORT))
+    tok = ModelTokenizer.load(MODEL, model_dir)
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
+    hogs = asyncio.run(_fill_kv(decode.endpoint, leave_free=KV_LEFT_FREE))
+    try:
+        free = asyncio.run(_free_blocks(decode.endpoint))
+        assert free < -(-LONG_PROMPT // 16), f"the decode worker still has {free} blocks free"
+        before = {w.endpoint: asyncio.run(_counters(w.endpoint)) for w in (prefill, decode)}
+        streamed = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=SHORT, stream=True, temperature=0
+        )
+        assert [c.choices[0].text for c in streamed] == deltas(tok, reference["kv-greedy"])
+        whole = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=SHORT, temperature=0.9, top_p=0.9, seed=4321
+        )
+        assert whole.choices[0].text == tok.decode(reference["kv-seeded"])
+        assert whole.usage is not None and whole.usage.completion_tokens == SHORT
+        after = {w.endpoint: asyncio.run(_wait_idle(w.endpoint)) for w in (prefill, decode)}
+    finally:
+        asyncio.run(_cancel(decode.endpoint, hogs))
+    decoded = {e: after[e].decode_tokens - before[e].decode_tokens for e in after}
+    assert decoded[decode.endpoint] == 0  # it refused both hand-overs
+    assert decoded[prefill.endpoint] >= 2 * (SHORT - 3)  # and the prefill worker decoded them
+    assert asyncio.run(_free_blocks(decode.endpoint)) > free  # the test's hogs are gone
+
+
+def test_split_fallback_routes_afresh_when_neither_worker_of_the_pair_takes_the_session(
+    served: tuple[LocalFleet, str, str], model_dir: Path
+) -> None:
+    """The decode worker lacks KV (as above), and the prefill worker is gone by the time the
+    session would come back to it: between its hand-over and the return, a mixed worker
+    starts on h100-b and the prefill worker is stopped (a scale-down). The gateway asks Route
+    again (a re-route, not counted a second time), which names the mixed worker, and the
+    session decodes there: the client gets a direct run's tokens exactly, in order, once.
+
+    The gateway's serving path runs in this process (``upstream.serve``, as the HTTP handler
+    calls it) so that the stop can be timed by the hand-over itself: the prefill worker's
+    channel starts the mixed worker and stops the prefill worker when it sees the
+    ImportSession bringing the session back, then lets that call go to the stopped worker."""
+    fleet, _, _ = served
+    roles = {w.role: w for w in asyncio.run(_serving(fleet))}
+    assert set(roles) == {fpb.WORKER_ROLE_PREFILL, fpb.WORKER_ROLE_DECODE}, roles
+    prefill, decode = roles[fpb.WORKER_ROLE_PREFILL], roles[fpb.WORKER_ROLE_DECODE]
+    prompt = [(11 * i) % 4000 + 5 for i in range(LONG_PROMPT)]  # more blocks than left free
+    seeded = ("kv-reroute", prompt, 0.9, 2468)
+    reference = asyncio.run(_direct_runs(prefill.endpoint, [seeded], SHORT))["kv-reroute"]
+    hogs = asyncio.run(_fill_kv(decode.endpoint, leave_free=KV_LEFT_FREE))
+    before_mix = traffic_requests(fleet)
+    try:
+        before = asyncio.run(_counters(decode.endpoint))
+        served_by = asyncio.run(_rerouted_split(fleet, model_dir, prefill, seeded))
+        after = asyncio.run(_wait_idle(decode.endpoint))
+    finally:
+        asyncio.run(_cancel(decode.endpoint, hogs))
+    assert served_by.tokens == reference  # a direct run's tokens, none lost or repeated
+    assert served_by.refusals == [
+        (decode.endpoint, "RESOURCE_EXHAUSTED"),  # "KV cache needs N more blocks"
+        (prefill.endpoint, "UNAVAILABLE"),  # stopped
+    ]
+    assert after.decode_tokens == before.decode_tokens  # the decode worker never decoded it
+    mixed = asyncio.run(_wait_idle(served_by.third.endpoint))
+    assert mixed.decode_tokens >= SHORT - 3  # the worker the fresh Route named decoded it
+    assert traffic_requests(fleet) == before_mix + 1  # the re-route was not counted again
+
+
+@dataclass
+class _Rerouted:
+    tokens: list[int]
+    refusals: list[tuple[str, str]]  # (endpoint, gRPC status) of each refused hand-over
+    third: fpb.WorkerStatus  # the mixed worker started meanwhile
+
+
+class _ScaleDownBeforeReturn(grpc.aio.UnaryUnaryClientInterceptor):
+    """On the prefill worker's channel: before the session comes back to it (ImportSession),
+    start a mixed worker on h100-b and stop the prefill worker, then let the call go on."""
+
+    def __init__(self, fleet: LocalFleet, prefill_id: str) -> None:
+        self.fleet, self.prefill_id = fleet, prefill_id
+        self.third: fpb.WorkerStatus | None = None
+
+    async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        method = details.method
+        method = method.decode() if isinstance(method, bytes) else method
+        if method.endswith("/ImportSession") and self.third is None:
+            async with grpc.aio.insecure_channel(self.fleet.daemon_address) as ch:
+                ops = pb_grpc.OperationsStub(ch)
+                start = pb.StartFleetWorkerRequest(
+                    model=MODEL, role=fpb.WORKER_ROLE_MIXED, node_name="h100-b"
+                )
+                self.third = await ops.StartWorker(start, timeout=180)
+                deadline = time.monotonic() + 60  # Route knows it from its first heartbeat
+                while self.third.worker_id not in {w.worker_id for w in await _serving(self.fleet)}:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.2)
+                stop = pb.StopFleetWorkerRequest(worker_id=self.prefill_id)
+                await ops.StopWorker(stop, timeout=60)
+        return await continuation(details, request)
+
+
+class _Channels(WorkerChannels):
+    """The gateway's channels, the prefill worker's through ``interceptor``."""
+
+    def __init__(self, special: str, interceptor: grpc.aio.ClientInterceptor) -> None:
+        super().__init__()
+        self.special = grpc.aio.insecure_channel(special, interceptors=[interceptor])
+        self.special_endpoint = special
+
+    @asynccontextmanager
+    async def lend(self, endpoint: str) -> AsyncIterator[grpc.aio.Channel]:
+        if endpoint == self.special_endpoint:
+            yield self.special
+            return
+        async with super().lend(endpoint) as ch:
+            yield ch
+
+    async def close(self) -> None:
+        await self.special.close()
+        await super().close()
+
+
+async def _rerouted_split(
+    fleet: LocalFleet,
+    model_dir: Path,
+    prefill: fpb.WorkerStatus,
+    session: tuple[str, list[int], float, int | None],
+) -> _Rerouted:
+    _, prompt, temperature, seed = session
+    gen = Generation(
+        model=ModelTokenizer.load(MODEL, model_dir),
+        prompt=prompt,
+        max_tokens=SHORT,
+        temperature=temperature,
+        top_p=0.9,
+        seed=seed,
+        stream=True,
+        include_usage=False,
+    )
+    scale_down = _ScaleDownBeforeReturn(fleet, prefill.worker_id)
+    channels = _Channels(prefill.endpoint, scale_down)
+    refusals: list[tuple[str, str]] = []
+
+    def refused(endpoint: str, err: grpc.aio.AioRpcError) -> None:
+        refusals.append((endpoint, err.code().name))
+
+    try:
+        async with grpc.aio.insecure_channel(fleet.daemon_address) as daemon:
+            router = Router(daemon, ttl_s=0)  # its own Route: the first call is counted
+            sid = f"gw-reroute-{time.time()}"
+            tokens = [m.token async for m in serve(router, channels, gen, sid, refused)]
+    finally:
+        await channels.close()
+    assert scale_down.third is not None, "the session never came back to the prefill worker"
+    return _Rerouted(tokens, refusals, scale_down.third)
+
+
+LONG_PROMPT = 300  # 19 blocks of 16 tokens
+KV_LEFT_FREE = 6
+
+
+async def _direct_runs(
+    endpoint: str, sessions: list[tuple[str, list[int], float, int | None]], tokens: int
+) -> dict[str, list[int]]:
+    async with grpc.aio.insecure_channel(endpoint) as ch:
+        stub = worker_pb2_grpc.WorkerServiceStub(ch)
+        return {
+            s[0]: [m.token async for m in stub.Generate(request(s, tokens, f"-ref{time.time()}"))]
+            for s in sessions
+        }
+
+
+async def _free_blocks(endpoint: str) -> int:
+    counters = await _counters(endpoint)
+    return counters.kv_blocks_total - counters.kv_blocks_used
+
+
+async def _fill_kv(endpoint: str, leave_free: int) -> list[str]:
+    """Holds all but about ``leave_free`` of a worker's KV blocks: each hog is a session
+    prefilled there, exported with its KV and imported back staged (holding its blocks,
+    never scheduled, so it costs no compute). Returns the hogs' session ids."""
+    hogs: list[str] = []
+    big = [("grpc.max_receive_message_length", 64 << 20)]  # a hog's KV is ~16 MB
+    async with grpc.aio.insecure_channel(endpoint, options=big) as ch:
+        stub = worker_pb2_grpc.WorkerServiceStub(ch)
+        while (free := await _free_blocks(endpoint)) > leave_free:
+            blocks = min(free - leave_free, 120)
+            sid = f"kv-hog-{len(hogs)}-{time.time()}"
+            hog = wpb.GenerateRequest(
+                prompt_tokens=[5] * (blocks * 16 - 4), max_new_tokens=8, session_id=sid
+            )
+            call = stub.Generate(hog)
+            await anext(aiter(call))
+            exported = await stub.ExportSession(
+                wpb.ExportSessionRequest(session_id=sid, with_kv=True, release=True), timeout=60
+            )
+            call.cancel()
+            await stub.ImportSession(
+                wpb.ImportSessionRequest(blob=exported.blob, staged=True), timeout=60
+            )
+            hogs.append(sid)
+    return hogs
+
+
+async def _cancel(endpoint: str, sessions: list[str]) -> None:
+    async with grpc.aio.insecure_channel(endpoint) as ch:
+        stub = worker_pb2_grpc.WorkerServiceStub(ch)
+        for sid in sessions:
+            await stub.CancelSession(wpb.CancelSessionRequest(session_id=sid), timeout=30)
 
 
 async def _split_pool(fleet: LocalFleet) -> tuple[fpb.WorkerStatus, fpb.WorkerStatus]:

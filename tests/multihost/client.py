@@ -32,28 +32,9 @@ from fleetshift.v1 import placement_pb2 as ppb
 from fleetshift.v1 import placement_pb2_grpc as ppb_grpc
 from fleetshift_rpc.security import client_credentials
 from fleetshift_rpc.sessions import follow_session
+from tests.fleet_checks import SESSIONS, Session, request
 
 Spec = dict[str, Any]
-# The sessions of tests/e2e (two greedy, two seeded), repeated here so that this process does
-# not import torch (tests/e2e/conftest does): on a loaded 2-core machine that costs tens of s.
-Session = tuple[str, list[int], float, int | None]
-SESSIONS: list[Session] = [
-    ("s-greedy-1", [11, 22, 33, 44], 0.0, None),
-    ("s-greedy-2", [5, 6, 7, 8, 9, 10], 0.0, None),
-    ("s-seeded-1", [100, 200, 300], 0.9, 1234),
-    ("s-seeded-2", [42] * 12, 1.2, 99),
-]
-
-
-def request(session: Session, tokens: int, suffix: str = "") -> worker_pb2.GenerateRequest:
-    sid, prompt, temperature, seed = session
-    sampling = worker_pb2.WorkerSampling(temperature=temperature)
-    if seed is not None:
-        sampling.seed = seed
-        sampling.top_p = 0.9
-    return worker_pb2.GenerateRequest(
-        prompt_tokens=prompt, max_new_tokens=tokens, sampling=sampling, session_id=sid + suffix
-    )
 
 
 def creds(spec: Spec, kind: str, name: str) -> grpc.ChannelCredentials:

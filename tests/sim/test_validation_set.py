@@ -16,11 +16,20 @@ AZURE = SHARED / "azure_llm_2023_conv.csv"
 MOONCAKE = SHARED / "mooncake_conversation_trace.jsonl"
 
 
-def test_only_the_first_thirty_azure_minutes_are_tuning_data() -> None:
+def test_only_the_first_thirty_minutes_of_each_trace_are_tuning_data() -> None:
     azure = load_trace(AZURE)
     traces = {v.name: v for v in validation_traces(AZURE, MOONCAKE)}
     assert list(traces) == list(TRACE_NAMES)
-    assert [n for n, v in traces.items() if v.tuning] == ["azure-0-30"]
+    tuning = ["azure-0-30", "mooncake-0-30", "tuning-a-then-m", "tuning-m-then-a"]
+    assert [n for n, v in traces.items() if v.tuning] == tuning
+    moon = load_trace(MOONCAKE)
+    moon_late = moon.window(TUNING_END_S, np.inf)
+    assert np.array_equal(traces["mooncake"].trace.prompt_tokens, moon_late.prompt_tokens)
+    assert traces["mooncake-0-30"].trace.duration_s < TUNING_END_S
+    for name in tuning[2:]:  # tuning shifts: only tuning minutes' requests
+        v = traces[name]
+        assert v.trace.duration_s < TUNING_END_S, name
+        assert v.switch_s is not None and 0 < v.switch_s < v.trace.duration_s, name
     tune, held = traces["azure-0-30"].trace, traces["azure-30-58"].trace
     assert tune.duration_s < TUNING_END_S and len(tune) + len(held) == len(azure)
     late = azure.window(TUNING_END_S, np.inf)
@@ -38,7 +47,12 @@ def test_only_the_first_thirty_azure_minutes_are_tuning_data() -> None:
 
 def test_shifts_switch_service_at_half_and_time_compression_moves_the_switch() -> None:
     traces = {v.name: v for v in validation_traces(AZURE, MOONCAKE, span_s=600.0)}
-    for name, first_long in (("azure-then-mooncake", False), ("mooncake-then-azure", True)):
+    for name, first_long in (
+        ("azure-then-mooncake", False),
+        ("mooncake-then-azure", True),
+        ("tuning-a-then-m", False),
+        ("tuning-m-then-a", True),
+    ):
         v = traces[name]
         assert v.switch_s == pytest.approx(300.0, abs=5.0)
         before = v.trace.window(0.0, v.switch_s).prompt_tokens.mean()

@@ -24,6 +24,8 @@ from tests.ci import in_ci
 from tests.conftest import REPO
 
 MODEL = "tiny-vllm"
+KV_MODEL = "tiny-vllm-kv"  # the same, with FleetShift's disk KV connector (moves carry KV)
+KV_STORE = "kv-store"  # its connector's directory, under the fleet's root
 BAD_MODEL = "tiny-vllm-bad"  # engine arguments vLLM refuses
 MAX_MODEL_LEN = 512
 NODES = (
@@ -112,14 +114,57 @@ def vllm_alone(python: str, model: Path, tokens: int, tmp: Path) -> dict[str, li
     return {sid: toks for (sid, _), toks in zip(SESSIONS, json.loads(lines[-1][7:]), strict=True)}
 
 
+_ALONE_RUNS = """
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+if __name__ == "__main__":
+    model, max_len, runs = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+    llm = LLM(model=model, max_model_len=max_len, enforce_eager=True, generation_config="vllm",
+              dtype="float32")
+    params = [SamplingParams(temperature=r["temperature"], seed=r["seed"],
+                             max_tokens=r["max_tokens"], ignore_eos=True) for r in runs]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=r["prompt"]) for r in runs], params)
+    print("RESULT " + json.dumps([list(o.outputs[0].token_ids) for o in outs]))
+"""
+
+
+def vllm_alone_runs(
+    python: str, model: Path, runs: list[dict[str, object]], tmp: Path
+) -> list[list[int]]:
+    """Each run's tokens from vLLM alone (its offline engine, no FleetShift); a run is
+    {prompt, max_tokens, temperature, seed} and is sampled with its own seeded generator."""
+    script = tmp / "alone_runs.py"
+    script.write_text(_ALONE_RUNS)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    done = subprocess.run(
+        [python, str(script), str(model), str(MAX_MODEL_LEN), json.dumps(runs)],
+        capture_output=True, text=True, timeout=600, env=env, cwd=tmp,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"vLLM alone failed ({done.returncode}): {done.stderr[-3000:]}"
+    result: list[list[int]] = json.loads(lines[-1][7:])
+    return result
+
+
 def make_fleet(
-    root: Path, model: Path, vllm_python: str, nodes: tuple[NodeSpec, ...]
+    root: Path,
+    model: Path,
+    vllm_python: str,
+    nodes: tuple[NodeSpec, ...],
+    env: dict[str, str] | None = None,
 ) -> LocalFleet:
     models = "".join(
         f'[[models]]\nname = "{name}"\nhf_config = "{model}"\nmodel_dir = "{model}"\n'
         f'tp_options = [1]\nengine = "vllm"\n[models.engine_args]\n{args}'
         for name, args in (
             (MODEL, ENGINE_ARGS),
+            (
+                KV_MODEL,
+                ENGINE_ARGS + 'kv_connector = "FleetShiftDiskConnector"\n'
+                f'kv_connector_path = "{root / KV_STORE}"\n',
+            ),
             # Longer than the model's 1024 positions: vLLM refuses it when the worker starts.
             (BAD_MODEL, "max_model_len = 4096\nkv_cache_gib = 1\n"),
         )
@@ -133,6 +178,7 @@ def make_fleet(
         agent_extra=(
             f'worker_threads = 1\nworker_start_timeout_s = 580\nvllm_python = "{vllm_python}"\n'
         ),
+        env=dict(env or {}),
     )
 
 
@@ -144,3 +190,13 @@ def fleet(tmp_path: Path, vllm_model: Path, vllm_python: str) -> Iterator[LocalF
         yield local
     finally:
         local.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Keep each test's call report on its item: the crash tests' shared fleet is discarded
+    after a case that failed, so the next one starts clean."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when == "call":
+        item.rep_call = report  # type: ignore[attr-defined]

@@ -136,12 +136,18 @@ async def test_vllm_worker_serves_routes_streams_and_reports(
         assert 0 < status.counters.ttft_p50_ms <= status.counters.ttft_p99_ms
         assert 0 < status.counters.tbt_p50_ms <= status.counters.tbt_p99_ms
 
+        # The daemon counts a worker's tokens from the first heartbeat it sees of it, so on a
+        # quick machine the sessions above can fall entirely before that baseline (then the
+        # window holds decode tokens only, ratio 0). One more session, served once the counters
+        # are known to arrive, lands in the window whole: prefill and decode both.
+        assert len(await one("mix", SESSIONS[1][1])) == TOKENS
+
         async def counters_mix() -> float | None:
             mix = await ppb_grpc.PlanningStub(daemon).GetTrafficMix(
                 ppb.GetTrafficMixRequest(model=MODEL)
             )
             ratio = mix.models[0].prefill_decode_ratio
-            return ratio if ratio < 1 else None  # the one request alone says 500
+            return ratio if 0 < ratio < 1 else None  # the one request alone says 500
 
         ratio = await wait_for(counters_mix, 30, "the traffic mix did not take vLLM's counters")
         assert ratio > 0
