@@ -74,13 +74,16 @@ def vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def request(
-    sid: str, prompt: list[int], tokens: int, suffix: str = ""
+    sid: str, prompt: list[int], tokens: int, suffix: str = "", hold: int = 0
 ) -> worker_pb2.GenerateRequest:
+    """``hold``: the session stops after that many tokens and waits (``hold_after_tokens``),
+    so a test that pauses it there finds it mid-stream however fast vLLM decodes."""
     return worker_pb2.GenerateRequest(
         prompt_tokens=prompt,
         max_new_tokens=tokens,
         sampling=worker_pb2.WorkerSampling(temperature=0.0),
         session_id=sid + suffix,
+        hold_after_tokens=hold,
     )
 
 

@@ -54,13 +54,16 @@ def stored(fleet: LocalFleet) -> list[str]:
     return sorted(p.name for p in store.iterdir()) if store.exists() else []
 
 
-def greq(sid: str, toks: list[int], n: int, seed: int | None = None) -> worker_pb2.GenerateRequest:
+def greq(
+    sid: str, toks: list[int], n: int, seed: int | None = None, hold: int = 0
+) -> worker_pb2.GenerateRequest:
     sampling = worker_pb2.WorkerSampling(temperature=0.0)
     if seed is not None:
         sampling = worker_pb2.WorkerSampling(temperature=1.0, seed=seed)
     return worker_pb2.GenerateRequest(
-        prompt_tokens=toks, max_new_tokens=n, sampling=sampling, session_id=sid
-    )
+        prompt_tokens=toks, max_new_tokens=n, sampling=sampling, session_id=sid,
+        hold_after_tokens=hold,
+    )  # fmt: skip
 
 
 def run(toks: list[int], n: int, seed: int | None = None) -> dict[str, object]:
@@ -80,7 +83,9 @@ async def test_a_move_carries_kv_through_the_connector(
 
         async def one(sid: str, toks: list[int], seed: int | None) -> list[int]:
             out = []
-            async for msg in follow_session(daemon, worker.endpoint, greq(sid, toks, TOKENS, seed)):
+            async for msg in follow_session(
+                daemon, worker.endpoint, greq(sid, toks, TOKENS, seed, hold=8)
+            ):
                 out.append(msg.token)
                 seen[sid] = len(out)
                 if len(seen) == len(sessions) and min(seen.values()) >= 8:
@@ -134,8 +139,12 @@ async def test_kv_that_cannot_travel_is_recomputed_and_said(
 ) -> None:
     """Worker to worker, as the executor does it: with the KV, and with the store emptied
     between export and import; the import's answer says which, and the tokens agree. A
-    session that stays on the source across both Pauses and Resumes (held, then restarted
-    from its tokens) gives vLLM alone's tokens too."""
+    session that stays on the source through the Pause and Resume (held, then restarted
+    from its tokens) gives vLLM alone's tokens too.
+
+    Every session is started with ``hold_after_tokens``, so each stands at a known token
+    when the worker is paused however fast vLLM decodes and however slowly this client
+    reacts: CI once saw a 160-token session end between a Resume and the next Pause."""
     store = fleet.state_dir / KV_STORE
     async with grpc.aio.insecure_channel(fleet.daemon_address) as daemon:
         ops = pb_grpc.OperationsStub(daemon)
@@ -150,19 +159,22 @@ async def test_kv_that_cannot_travel_is_recomputed_and_said(
             notes: dict[str, worker_pb2.ImportSessionResponse] = {}
             took: dict[str, float] = {}
             kept = prompt(200, 7)
-            kept_call = a.Generate(greq("kept", kept, KEPT))
+            kept_call = a.Generate(greq("kept", kept, KEPT, hold=1))
             kept_tokens = [(await kept_call.read()).token]
-            for sid, toks in cases.items():
-                first = a.Generate(greq(sid, toks, TOKENS))
+            firsts = {
+                sid: a.Generate(greq(sid, toks, TOKENS, hold=8)) for sid, toks in cases.items()
+            }
+            for first in firsts.values():
                 for _ in range(8):
                     await first.read()
-                await a.Pause(worker_pb2.WorkerPauseRequest())
+            await a.Pause(worker_pb2.WorkerPauseRequest())
+            for sid, first in firsts.items():
                 still = await a.ExportSession(worker_pb2.ExportSessionRequest(session_id="kept"))
-                assert still.generated < KEPT  # held mid-stream
+                assert still.generated == 1  # held where it stood
                 exp = await a.ExportSession(
                     worker_pb2.ExportSessionRequest(session_id=sid, with_kv=True)
                 )
-                assert exp.kv_included
+                assert exp.kv_included and exp.generated == 8
                 assert len(stored(fleet)) == 1  # this export's folder, and only it
                 if sid == "emptied":
                     for entry in store.iterdir():
@@ -173,7 +185,7 @@ async def test_kv_that_cannot_travel_is_recomputed_and_said(
                 assert stored(fleet) == []  # imported: its folder is gone
                 await a.CancelSession(worker_pb2.CancelSessionRequest(session_id=sid))
                 first.cancel()
-                await a.Resume(worker_pb2.WorkerResumeRequest())
+            await a.Resume(worker_pb2.WorkerResumeRequest())
             while (more := await kept_call.read()) != grpc.aio.EOF:
                 kept_tokens.append(more.token)
             moved = {}

@@ -20,6 +20,7 @@ from tests.vllm.test_vllm_workers import start_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 TOKENS = 96
+HOLD = 8  # each session waits after this many tokens until the test pauses the worker
 
 
 async def test_a_move_carries_every_session_with_vllms_own_tokens(
@@ -33,10 +34,12 @@ async def test_a_move_carries_every_session_with_vllms_own_tokens(
 
         async def one(sid: str, prompt: list[int]) -> list[int]:
             tokens = []
-            async for msg in follow_session(daemon, worker.endpoint, request(sid, prompt, TOKENS)):
+            async for msg in follow_session(
+                daemon, worker.endpoint, request(sid, prompt, TOKENS, hold=HOLD)
+            ):
                 tokens.append(msg.token)
                 seen[sid] = len(tokens)
-                if len(seen) == len(SESSIONS) and min(seen.values()) >= 8:
+                if len(seen) == len(SESSIONS) and min(seen.values()) >= HOLD:
                     started.set()
             return tokens
 
