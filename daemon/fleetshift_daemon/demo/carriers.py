@@ -121,9 +121,12 @@ async def operator_move(
     move whose source the router sends few streams to finds none open).
 
     The busiest decoding worker is the one the router prefers for the carriers, and it keeps
-    taking new sessions while its target starts, so it still holds streams when they are
-    copied. A refusal (the planner's own moves in flight, no room on a node) is retried
-    every 2 s, the worker picked afresh, until ``timeout_s``."""
+    taking new sessions while its target starts, so it usually still holds streams when they
+    are copied. Usually: the router may send the new carriers to other workers meanwhile (the
+    planner's fresh starts are emptier), and on a loaded machine the target's start outlasts
+    every stream left on the source; CI saw such a move carry none. So a move that carried
+    no session is followed by another, the worker picked afresh, as is a refusal (the
+    planner's own moves in flight, no room on a node) every 2 s, until ``timeout_s``."""
     fw = carriers.watch
     carriers.forced = True
     deadline = time.monotonic() + timeout_s
@@ -149,7 +152,11 @@ async def operator_move(
                     f"open stream(s) on it) -> {target}, long streams kept open through it"
                 )
                 await _finished(fw, op.id, deadline - time.monotonic())
-                return
+                if _carried(fw, op.id):
+                    return
+                refused = f"{op.id} found no stream open on {worker.worker_id} at its copy"
+                fw.event(f"OPERATOR MOVE {op.id} carried no session: {refused}; moving again")
+                break
             await asyncio.sleep(2.0)
         fw.event(f"no operator move within {timeout_s:.0f} s (last refusal: {refused})")
     finally:
@@ -179,6 +186,10 @@ def _targets(
     load = {n.name: sum(1 for w in workers if w.node_name == n.name) for n in nodes}
     others = [n.name for n in nodes if n.name != worker.node_name]
     return sorted(others, key=lambda n: (kind[n] != kind.get(worker.node_name), load[n]))
+
+
+def _carried(fw: FleetWatch, op_id: str) -> int:
+    return sum(s.sessions_carried for (op, _), s in fw.steps.items() if op == op_id)
 
 
 async def _finished(fw: FleetWatch, op_id: str, timeout_s: float) -> None:
