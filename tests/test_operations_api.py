@@ -108,8 +108,15 @@ async def running_daemon(
                         await heartbeat(agents, node)
                 await asyncio.sleep(0.1)
 
+        # One whole round first, awaited, so every worker below is known before the test
+        # starts (a sleep alone once ended before h200-1's beat under load: "w2 is not known").
+        for node in NODES:
+            if node != "gone-1":
+                await heartbeat(agents, node)
         beats = asyncio.create_task(keep_alive())
         await asyncio.sleep(0.2)
+        known = {w.id for w in app.workers.all()}  # type: ignore[union-attr]
+        assert {w[0] for ws in WORKERS.values() for w in ws} <= known, known
         try:
             yield app
         finally:
