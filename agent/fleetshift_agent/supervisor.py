@@ -229,12 +229,6 @@ class Supervisor:
                 "one rank; set the model's tp_options = [1]",
                 field="tensor_parallel",
             )
-        if self.settings.tls is not None:
-            raise FailedPrecondition(
-                "engine 'vllm': a vLLM worker does not serve TLS yet, and this node's workers "
-                "must; run vLLM models on plaintext (loopback) nodes for now",
-                field="engine",
-            )
         if launch.restore_from:
             raise FailedPrecondition(
                 "restore_snapshot_id: a vLLM worker starts from its model directory; this "
@@ -279,7 +273,7 @@ class Supervisor:
             return self._vllm_args(launch, port_file)
         s = self.settings
         args = self._common_args("fleetshift_agent.worker", launch, port_file)
-        args += ["--node-name", s.node_name, "--compile" if s.compile else "--no-compile"]
+        args += ["--compile" if s.compile else "--no-compile"]
         if launch.restore_from:
             args += ["--restore-from", launch.restore_from, "--no-restore-sessions"]
             args += ["--compile-artifacts" if s.compile_artifacts else "--no-compile-artifacts"]
@@ -287,10 +281,6 @@ class Supervisor:
             args += ["--model-dir", launch.model_dir]
         if s.cuda:
             args += ["--device", "cuda"]
-        if s.tls is not None:
-            args += ["--tls-cert", s.tls.cert, "--tls-key", s.tls.key, "--tls-ca", s.tls.ca]
-        for caller in s.session_callers:
-            args += ["--session-caller", caller]
         return args
 
     def _vllm_args(self, launch: WorkerLaunch, port_file: Path) -> list[str]:
@@ -310,7 +300,9 @@ class Supervisor:
 
     def _common_args(self, module: str, launch: WorkerLaunch, port_file: Path) -> list[str]:
         """What every engine's worker process is told: where to listen and report its port,
-        who it is, and the node's placement facts (a declared GPU, its thread budget)."""
+        who it is, how it serves (the node's certificate and who may call it; both engines
+        take the same flags, ``fleetshift_agent.worker.security_args``) and the node's
+        placement facts (a declared GPU, its thread budget)."""
         s = self.settings
         args = [
             sys.executable, "-m", module,
@@ -319,7 +311,12 @@ class Supervisor:
             "--worker-id", launch.worker_id,
             "--role", launch.role,
             "--model-id", launch.model,
+            "--node-name", s.node_name,
         ]  # fmt: skip
+        if s.tls is not None:
+            args += ["--tls-cert", s.tls.cert, "--tls-key", s.tls.key, "--tls-ca", s.tls.ca]
+        for caller in s.session_callers:
+            args += ["--session-caller", caller]
         declared = s.declared_products.get(launch.gpu_indices[0], "")
         if declared:
             args += ["--declared-gpu", declared]

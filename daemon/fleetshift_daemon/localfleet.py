@@ -30,6 +30,8 @@ from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift.v1 import operations_pb2
 from fleetshift.v1 import operations_pb2_grpc as operations_grpc
+from fleetshift_rpc import pki
+from fleetshift_rpc.security import client_credentials
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,11 @@ class LocalFleet:
     # ("daemon" or the node name -> port), so a test can scrape what Prometheus would.
     metrics: bool = False
     metrics_ports: dict[str, int] = field(default_factory=dict)
+    # True: every process serves mTLS with certificates of a CA made under ``state_dir/pki``
+    # (the daemon's, one per node, all for 127.0.0.1), and the harness calls the daemon with
+    # operator certificate "localfleet"; ``credentials`` issues any other identity a test
+    # calls with (a router, a stranger).
+    tls: bool = False
     daemon_proc: subprocess.Popen[bytes] | None = None
     agent_procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     gateway_proc: subprocess.Popen[bytes] | None = None
@@ -171,6 +178,44 @@ class LocalFleet:
     @property
     def gateway_url(self) -> str:
         return f"http://127.0.0.1:{self.gateway_port}/v1"
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.state_dir / "pki"
+
+    def _pair(self, kind: str, name: str) -> Path:
+        """``pki_dir/<kind>-<name>`` (.crt and .key), issued on first use."""
+        if not (self.pki_dir / "ca.crt").exists():
+            pki.init_ca(self.pki_dir)
+        stem = self.pki_dir / f"{kind}-{name}"
+        if not stem.with_suffix(".crt").exists():
+            servers = kind in ("daemon", "node")
+            pki.issue(self.pki_dir, kind, name, san_ips=["127.0.0.1"] if servers else [])
+        return stem
+
+    def credentials(
+        self, kind: str = "operator", name: str = "localfleet"
+    ) -> grpc.ChannelCredentials:
+        """Client credentials of a certificate of this fleet's CA (``tls`` fleets)."""
+        stem = self._pair(kind, name)
+        return client_credentials(
+            str(self.pki_dir / "ca.crt"), cert=f"{stem}.crt", key=f"{stem}.key"
+        )
+
+    def channel(self) -> grpc.Channel:
+        """A channel to the daemon as the harness's operator (plaintext unless ``tls``)."""
+        if self.tls:
+            return grpc.secure_channel(self.daemon_address, self.credentials())
+        return grpc.insecure_channel(self.daemon_address)
+
+    def _tls_lines(self, kind: str, name: str) -> str:
+        if not self.tls:
+            return ""
+        stem = self._pair(kind, name)
+        return (
+            f'tls_cert = "{stem}.crt"\ntls_key = "{stem}.key"\n'
+            f'tls_ca = "{self.pki_dir / "ca.crt"}"\n'
+        )
 
     def _spawn(self, module: str, config: Path, log_name: str) -> subprocess.Popen[bytes]:
         return self._spawn_args([module, "--config", str(config)], log_name)
@@ -209,6 +254,7 @@ class LocalFleet:
             f"node_lost_after_s = {self.node_lost_after_s}\n"
             f"liveness_check_interval_s = {min(0.5, self.heartbeat_interval_s)}\n"
             + self._metrics_line("daemon")
+            + self._tls_lines("daemon", "fleetshiftd")
             + self.daemon_extra
         )
         self.daemon_proc = self._spawn("fleetshift_daemon.main", config, "daemon")
@@ -217,7 +263,7 @@ class LocalFleet:
 
     def wait_serving(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.daemon_address) as ch:
+        with self.channel() as ch:
             stub = health_pb2_grpc.HealthStub(ch)
             while time.monotonic() < deadline:
                 try:
@@ -247,6 +293,7 @@ class LocalFleet:
             f'port_file = "{port_file}"\n'
             f"reconnect_max_s = {backoff_max}\n"
             + self._metrics_line(spec.name)
+            + self._tls_lines("node", spec.name)
             + self.agent_extra
             + f'[[gpus]]\nproduct_name = "{spec.product_name}"\ncount = {spec.gpu_count}\n'
         )
@@ -274,7 +321,7 @@ class LocalFleet:
             node_name=node,
             tensor_parallel=tensor_parallel,
         )
-        with grpc.insecure_channel(self.daemon_address) as ch:
+        with self.channel() as ch:
             status: pb.WorkerStatus = operations_grpc.OperationsStub(ch).StartWorker(
                 request, timeout=300
             )
@@ -305,7 +352,7 @@ class LocalFleet:
         return f"127.0.0.1:{_wait_for(port_file, timeout_s, proc)}"
 
     def list_nodes(self) -> list[pb.Node]:
-        with grpc.insecure_channel(self.daemon_address) as ch:
+        with self.channel() as ch:
             reply = pb_grpc.FleetOperatorStub(ch).ListNodes(pb.ListNodesRequest(), timeout=5)
             return list(reply.nodes)
 

@@ -157,6 +157,7 @@ def make_fleet(
     vllm_python: str,
     nodes: tuple[NodeSpec, ...],
     env: dict[str, str] | None = None,
+    tls: bool = False,
 ) -> LocalFleet:
     models = "".join(
         f'[[models]]\nname = "{name}"\nhf_config = "{model}"\nmodel_dir = "{model}"\n'
@@ -182,6 +183,7 @@ def make_fleet(
             f'worker_threads = 1\nworker_start_timeout_s = 580\nvllm_python = "{vllm_python}"\n'
         ),
         env=dict(env or {}),
+        tls=tls,
     )
 
 

@@ -6,6 +6,10 @@ process group and the StartWorker error for a worker that dies before it serves 
 same for both engines. The port file is written only once vLLM answers /health and the
 gRPC server listens: until then the agent reports nothing, so a vLLM that fails to start
 leaves nothing half-registered, and the process exits naming vLLM's own error.
+
+WorkerService is served as the reference worker serves it (the same security flags and code,
+``fleetshift_agent.worker.security_args``): mTLS with the node's certificate on a TLS node,
+else plaintext on loopback. vLLM's own HTTP server listens on 127.0.0.1 only, for this shim.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from fleetshift_agent.vllm_worker.service import (
     VllmWorkerServicer,
     check_role,
 )
+from fleetshift_agent.worker.security_args import add_security_args, security_from_args
 from fleetshift_agent.worker.session_core import binding
 from fleetshift_common.config import EngineArgs
 from fleetshift_common.lifecycle import stop_event, write_port_file
@@ -58,6 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--declared-gpu", default="", help="the declared GPU product (CPU nodes)")
     p.add_argument("--start-timeout-s", type=float, default=600.0)
     p.add_argument("--max-message-mb", type=int, default=64)
+    add_security_args(p)  # the reference worker's: same TLS, same caller rules
     return p.parse_args(argv)
 
 
@@ -118,6 +124,10 @@ async def wait_ready(server: VllmServer, client: VllmClient, timeout_s: float) -
 
 async def serve(args: argparse.Namespace) -> None:
     started = time.monotonic()
+    # WorkerService is served with the node's certificate and the reference worker's caller
+    # rules; vLLM's own HTTP server stays on 127.0.0.1 (server_command), reached by this shim
+    # only. Checked before vLLM starts: a bad key or address fails in milliseconds.
+    security = security_from_args(args)
     engine = EngineArgs.from_json(args.engine_args)
     check_role(args.role, engine.kv_role if engine.kv_connector else "")
     model_id = args.model_id or Path(args.model_dir).name
@@ -151,14 +161,18 @@ async def serve(args: argparse.Namespace) -> None:
         servicer = VllmWorkerServicer(client, identity, args.role)
         sweeper = asyncio.create_task(servicer.sweep_store_forever()) if identity.kv_store else None
         grpc_server = await start_server(
-            args.listen, [binding(servicer)], args.max_message_mb << 20
+            args.listen,
+            [binding(servicer)],
+            args.max_message_mb << 20,
+            security.credentials,
+            security.interceptors,
         )
         await grpc_server.set_serving(True)
         write_port_file(args.port_file, grpc_server.port)
         log.info(
-            "vLLM worker %s ready on port %d in %.2f s (vLLM %s on port %d, pid %d)",
-            args.worker_id, grpc_server.port, time.monotonic() - started,
-            version, server.port, server.pid,
+            "vLLM worker %s ready on port %d (%s) in %.2f s (vLLM %s on 127.0.0.1:%d, pid %d)",
+            args.worker_id, grpc_server.port, "mTLS" if security.tls else "plaintext",
+            time.monotonic() - started, version, server.port, server.pid,
         )  # fmt: skip
         stop = stop_event()
         await stop.wait()

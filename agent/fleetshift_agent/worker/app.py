@@ -22,12 +22,11 @@ from fleetshift_agent.engine.factory import engine_from_dir
 from fleetshift_agent.snapshot import open_snapshot
 from fleetshift_agent.worker.feeds import Feeds
 from fleetshift_agent.worker.runner import EngineRunner
+from fleetshift_agent.worker.security_args import add_security_args, security_from_args
 from fleetshift_agent.worker.service import ROLES, WorkerServicer, WorkerState
 from fleetshift_agent.worker.session_core import binding
 from fleetshift_agent.worker.snapshots import declare_gpu, engine_from_snapshot
 from fleetshift_common.lifecycle import stop_event, write_port_file
-from fleetshift_rpc.auth import worker_security
-from fleetshift_rpc.security import TlsFiles
 from fleetshift_rpc.server import RunningServer, start_server
 
 log = logging.getLogger("fleetshift.worker")
@@ -81,23 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch threads; 0: torch's default")
     p.add_argument("--start-paused", action="store_true")
     p.add_argument("--max-message-mb", type=int, default=512)
-    p.add_argument(
-        "--node-name",
-        default="",
-        help="the node this worker belongs to: its certificate must name it, and only that "
-        "node's agent (besides the daemon) may make control calls",
-    )
-    p.add_argument("--tls-cert", default="", help="the node's certificate (mTLS); none: plaintext")
-    p.add_argument("--tls-key", default="")
-    p.add_argument("--tls-ca", default="", help="the fleet CA bundle")
-    p.add_argument(
-        "--session-caller",
-        action="append",
-        default=[],
-        metavar="KIND:NAME",
-        help="a certificate identity allowed to open sessions (repeatable; 'router:*' for "
-        "any router certificate of the fleet CA)",
-    )
+    add_security_args(p)
     args = p.parse_args(argv)
     if not args.model_dir and not args.restore_from:
         p.error("one of --model-dir or --restore-from is required")
@@ -139,13 +122,7 @@ def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
 
 async def serve(args: argparse.Namespace) -> None:
     started = time.monotonic()
-    # Checked before the engine loads: a bad key or address fails in milliseconds.
-    security = worker_security(
-        listen=args.listen,
-        node_name=args.node_name,
-        tls=TlsFiles.from_config(args.tls_cert, args.tls_key, args.tls_ca),
-        session_callers=tuple(args.session_caller),
-    )
+    security = security_from_args(args)  # before the engine loads
     if args.threads:
         torch.set_num_threads(args.threads)
     declare_gpu(args.declared_gpu)
