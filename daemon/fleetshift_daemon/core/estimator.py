@@ -10,8 +10,8 @@ model's global mean and then to a configured prior while a bucket has too few sa
 It also scores itself: before learning from each completion it records what it would have
 predicted, and what the naive global-mean baseline would have, so its error is reported
 online next to the baseline's (GetTrafficMix: ``estimator_mae_tokens`` over
-``estimator_samples`` completions, and ``estimator_baseline_mae_tokens``; ``fleetshift-ctl
-traffic``).
+``estimator_samples`` completions, and ``estimator_baseline_mae_tokens``; the CLI's
+``fleetshift traffic``).
 
 Where completions come from. In the simulator, from its simulated workers. In a real fleet,
 from heartbeats: each worker keeps the sessions that finished by their own end (a stop token
