@@ -9,6 +9,7 @@ and GetTrafficMix are the real ones.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from fleetshift.v1 import fleet_pb2 as fpb
 from fleetshift.v1 import fleet_pb2_grpc as fpb_grpc
 from fleetshift.v1 import placement_pb2 as pb
 from fleetshift.v1 import placement_pb2_grpc as pb_grpc
+from fleetshift_agent.membership import Backoff, Membership
 from fleetshift_common.config import DaemonConfig, ModelConfig, PlannerSettings
 from fleetshift_daemon.app import Daemon
 
@@ -59,6 +61,19 @@ def finished(n: int, prompt: int = 300, output: int = 1800, first: int = 0) -> l
     ]
 
 
+def registration() -> fpb.RegisterNodeRequest:
+    gpus = [
+        fpb.Gpu(index=i, product_name="NVIDIA H100 80GB HBM3", memory_bytes=80 * GiB)
+        for i in range(8)
+    ]
+    return fpb.RegisterNodeRequest(
+        node_name=NODE,
+        agent_address="127.0.0.1:1",
+        gpus=gpus,
+        inventory_source=fpb.INVENTORY_SOURCE_DECLARED,
+    )
+
+
 @pytest.fixture
 async def daemon(tmp_path: Path, sqlite_url: str) -> AsyncIterator[Daemon]:
     config = DaemonConfig(
@@ -83,18 +98,7 @@ async def daemon(tmp_path: Path, sqlite_url: str) -> AsyncIterator[Daemon]:
 async def stubs(daemon: Daemon):  # type: ignore[no-untyped-def]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.port}") as ch:
         agents = fpb_grpc.AgentRegistryStub(ch)
-        gpus = [
-            fpb.Gpu(index=i, product_name="NVIDIA H100 80GB HBM3", memory_bytes=80 * GiB)
-            for i in range(8)
-        ]
-        await agents.RegisterNode(
-            fpb.RegisterNodeRequest(
-                node_name=NODE,
-                agent_address="127.0.0.1:1",
-                gpus=gpus,
-                inventory_source=fpb.INVENTORY_SOURCE_DECLARED,
-            )
-        )
+        await agents.RegisterNode(registration())
         await agents.Heartbeat(fpb.HeartbeatRequest(node_name=NODE, workers=[status([])]))
         yield agents, Api(pb_grpc.PlacementStub(ch), pb_grpc.PlanningStub(ch))
 
@@ -201,3 +205,40 @@ async def test_more_entries_than_the_bound_are_refused(stubs) -> None:  # type: 
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "finished_sessions" in (err.value.details() or "")
     assert await samples(placement) == 0
+
+
+async def test_an_agent_whose_finished_session_is_refused_keeps_its_node_alive(
+    stubs,  # type: ignore[no-untyped-def]
+    daemon: Daemon,
+) -> None:
+    """The agent's own membership loop: the refused heartbeat is sent again at once without
+    finished sessions, so one impossible entry costs the estimator that report, never the
+    node's liveness (which a refused heartbeat after heartbeat would)."""
+    _, api = stubs
+    bad = fpb.FinishedSession(
+        session_id="bad", prompt_tokens=4000, output_tokens=500, finish_reason="length"
+    )
+    answered: list[fpb.HeartbeatRequest] = []
+    membership = Membership(
+        f"127.0.0.1:{daemon.port}",
+        registration=registration,
+        heartbeat=lambda: fpb.HeartbeatRequest(
+            node_name=NODE, workers=[status([*finished(3), bad])]
+        ),
+        backoff=Backoff(0.05, 0.5),
+        max_message_bytes=4 << 20,
+        heartbeat_sent=answered.append,
+    )
+    task = asyncio.create_task(membership.run())
+    try:
+        for _ in range(200):
+            if len(answered) >= 3:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert len(answered) >= 3 and membership.registrations == 1
+    assert all(not w.finished_sessions for beat in answered for w in beat.workers)
+    assert await samples(api) == 0
