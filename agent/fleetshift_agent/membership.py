@@ -142,7 +142,21 @@ class Membership:
         timeout = RPC_TIMEOUT_S if len(self._addresses) == 1 else min(RPC_TIMEOUT_S, 1.0)
         async with self._report_lock:
             request = self._heartbeat()
-            await stub.Heartbeat(request, timeout=timeout)
+            try:
+                await stub.Heartbeat(request, timeout=timeout)
+            except grpc.aio.AioRpcError as err:
+                if not _refused_finished_sessions(err):
+                    raise
+                # A finished session the daemon finds impossible (e.g. longer than the context
+                # it knows for the model) must cost the estimator that report, never the
+                # node's liveness: the same heartbeat again, without finished sessions.
+                log.warning(
+                    "daemon refused a finished session (%s); heartbeat sent without them",
+                    err.details(),
+                    extra={"daemon": address},
+                )
+                request = _without_finished_sessions(request)
+                await stub.Heartbeat(request, timeout=timeout)
             self._acknowledged(address, request)
 
     def _acknowledged(self, address: str, request: pb.HeartbeatRequest) -> None:
@@ -183,3 +197,17 @@ class Membership:
                     self._set_registered(address, False)
                     return
                 raise
+
+
+def _refused_finished_sessions(err: grpc.aio.AioRpcError) -> bool:
+    return err.code() == grpc.StatusCode.INVALID_ARGUMENT and ".finished_sessions" in (
+        err.details() or ""
+    )
+
+
+def _without_finished_sessions(request: pb.HeartbeatRequest) -> pb.HeartbeatRequest:
+    out = pb.HeartbeatRequest()
+    out.CopyFrom(request)
+    for worker in out.workers:
+        del worker.finished_sessions[:]
+    return out

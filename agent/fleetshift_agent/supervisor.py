@@ -104,6 +104,10 @@ class WorkerLive:
     counters: pb.WorkerCounters | None = None
     sessions: tuple[str, ...] = ()
     unread: tuple[str, ...] = ()  # finished, no client has read them (yet)
+    # Sessions that finished by their own end lately (the worker's last 256 within 120 s),
+    # relayed in every heartbeat as they stand: the daemon counts each session id once, so
+    # the agent keeps no acknowledgement state and a resent heartbeat doubles nothing.
+    finished: tuple[pb.FinishedSession, ...] = ()
     role: int = 0  # the worker's own answer (SetRole may have changed it)
     role_epoch: int = 0  # and how many role changes that answer had seen
 
@@ -452,6 +456,7 @@ class Supervisor:
             return
         live.counters, live.sessions = counters, tuple(info.session_ids)
         live.unread = tuple(info.unread_session_ids)
+        live.finished = tuple(info.finished_sessions)
         live.role, live.role_epoch = info.role, info.role_epoch
 
     def _dead(self, worker: WorkerProcess) -> bool:
@@ -476,6 +481,7 @@ class Supervisor:
             origin_snapshot=launch.origin_snapshot,
             session_ids=list(live.sessions) if worker.state == SERVING else [],
             unread_session_ids=list(live.unread) if worker.state == SERVING else [],
+            finished_sessions=list(live.finished) if worker.state == SERVING else [],
         )
         if live.counters is not None and worker.state == SERVING:
             out.counters.CopyFrom(live.counters)

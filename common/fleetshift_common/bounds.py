@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from fleetshift_common.errors import InvalidArgument
 
 # Physical scales the bounds are derived from.
+# Recently finished sessions a worker reports (and its agent relays) per heartbeat: the last
+# this many, so a heartbeat stays small however fast sessions finish.
+MAX_FINISHED_SESSIONS = 256
 MAX_CONTEXT_TOKENS = 1 << 20  # 1,048,576: the longest context of any model served (per-model
 # limits, from the model's own config, are tighter; see fleetshift_daemon.core.validation)
 MAX_GPUS_PER_NODE = 64  # the registry's own limit on one node's inventory
@@ -138,6 +141,12 @@ BOUNDS: Mapping[str, Bound] = types.MappingProxyType(
         _V + "WorkerStatus.tensor_parallel": _TP,
         _V + "WorkerStatus.gpu_indices": _GPU_INDEX,
         _V + "WorkerStatus.role_epoch": Bound(0, 1 << 53, "", "a count of role changes"),
+        _V + "FinishedSession.prompt_tokens": Bound(
+            1, MAX_CONTEXT_TOKENS, "tokens", "a prompt fits the model's context"
+        ),
+        _V + "FinishedSession.output_tokens": Bound(
+            0, MAX_CONTEXT_TOKENS, "tokens", "an output fits the model's context"
+        ),
         _V + "WorkerCounters.prefill_tokens": _COUNT_TOKENS,
         _V + "WorkerCounters.decode_tokens": _COUNT_TOKENS,
         _V + "WorkerCounters.queue_depth": _SESSIONS,
@@ -226,6 +235,7 @@ MAX_REPEATED: Mapping[str, int] = types.MappingProxyType(
         _V + "RegisterNodeRequest.gpus": MAX_GPUS_PER_NODE,
         _V + "HeartbeatRequest.workers": 256,
         _V + "WorkerStatus.session_ids": 1 << 20,
+        _V + "WorkerStatus.finished_sessions": MAX_FINISHED_SESSIONS,
         _V + "RouteStreamRequest.requests": MAX_ROUTE_BATCH,
     }
 )

@@ -5,7 +5,8 @@ its tokens (tests/e2e/test_moves.py runs it end to end)."""
 from __future__ import annotations
 
 from fleetshift_agent.engine import TokenEvent
-from fleetshift_agent.worker.feeds import UNREAD_KEPT_S, Feeds, stream
+from fleetshift_agent.worker.feeds import FINISHED_KEPT_S, UNREAD_KEPT_S, Feeds, stream
+from fleetshift_common.bounds import MAX_FINISHED_SESSIONS
 from tests.clock import ManualClock
 
 
@@ -48,3 +49,43 @@ def test_a_session_the_worker_no_longer_holds_is_not_reported() -> None:
         finish(feeds, sid)
     feeds.create("s4")  # the oldest ended session is dropped to make room
     assert feeds.unread_ids() == ["s2", "s3"]
+
+
+def test_only_sessions_that_finished_by_their_own_end_are_reported_for_the_estimator() -> None:
+    """The daemon's output-length estimator learns from these: a session cancelled or moved
+    away says nothing about its output (a moved one finishes on its target, counted there
+    with every token it generated, also those before the move)."""
+    clock = ManualClock(50.0)
+    feeds = Feeds(clock=clock)
+    feeds.create("done", prompt_tokens=40)
+    feeds.create("moved", prompt_tokens=40)
+    feeds.create("cancelled", prompt_tokens=40)
+    feeds.create("arrived", [1, 2, 3], prompt_tokens=9)  # imported after 3 tokens elsewhere
+    feeds.create("unknown")  # no prompt length known: not reported
+    finish(feeds, "done", tokens=5)
+    feeds.publish([TokenEvent("moved", 0, 1, False)])
+    feeds.get("moved").close("moved")
+    feeds.get("cancelled").close("cancelled")
+    feeds.publish([TokenEvent("arrived", 3, 4, True, "stop")])
+    finish(feeds, "unknown")
+    reported = [
+        (f.session_id, f.prompt_tokens, f.output_tokens, f.finish_reason) for f in feeds.finished()
+    ]
+    assert reported == [("done", 40, 5, "length"), ("arrived", 9, 4, "stop")]
+    # Repeated in every report for FINISHED_KEPT_S, then no longer.
+    assert len(feeds.finished()) == 2
+    clock.advance(FINISHED_KEPT_S + 1)
+    assert feeds.finished() == []
+
+
+def test_at_most_the_last_bound_of_finished_sessions_are_reported() -> None:
+    feeds = Feeds(keep_done=10, clock=ManualClock(0.0))
+    for i in range(MAX_FINISHED_SESSIONS + 5):
+        feeds.create(f"s{i}", prompt_tokens=8)
+        finish(feeds, f"s{i}")
+    reported = feeds.finished()
+    assert len(reported) == MAX_FINISHED_SESSIONS
+    assert (
+        reported[0].session_id == "s5"
+        and reported[-1].session_id == f"s{MAX_FINISHED_SESSIONS + 4}"
+    )

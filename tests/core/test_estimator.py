@@ -5,7 +5,12 @@ from pathlib import Path
 import pytest
 
 from fleetshift_common.errors import InvalidArgument
-from fleetshift_daemon.core.estimator import EstimatorConfig, OutputLengthEstimator
+from fleetshift_daemon.core.estimator import (
+    Completion,
+    CompletionLedger,
+    EstimatorConfig,
+    OutputLengthEstimator,
+)
 
 from .trace import load_trace
 
@@ -52,3 +57,19 @@ def test_rejects_bad_lengths_naming_the_field(prompt: int, field: str) -> None:
     with pytest.raises(InvalidArgument) as exc2:
         OutputLengthEstimator().observe_completion("m", 10, -1)
     assert exc2.value.field == "output_tokens"
+
+
+def test_the_ledger_passes_each_workers_session_once_and_forgets_old_ones() -> None:
+    """Heartbeats repeat a worker's recent completions: each (worker, session id) is new once;
+    the same session id on another worker is another completion."""
+    ledger = CompletionLedger(per_worker=4, max_workers=2)
+    a, b, c = (Completion(s, 100, 10) for s in "abc")
+    assert ledger.fresh("w1", [a, b]) == [a, b]
+    assert ledger.fresh("w1", [a, b, c]) == [c]
+    assert ledger.fresh("w2", [a]) == [a]
+    # Beyond per_worker ids the oldest is forgotten (a worker reports far fewer than that).
+    ledger.fresh("w1", [Completion(s, 100, 10) for s in "def"])
+    assert ledger.fresh("w1", [a]) == [a]
+    # Beyond max_workers the least recently heard worker is forgotten.
+    ledger.fresh("w3", [a])
+    assert ledger.fresh("w2", [a]) == [a]

@@ -125,7 +125,7 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         (returning once vLLM accepted it; a refusal raises here, leaving nothing behind), or
         at Resume when the worker is paused. With ``hold_after`` its first request stops after
         that many tokens and the session is held for a hand-over (see ``_pump``)."""
-        feed = self.feeds.create(spec.session_id, generated)
+        feed = self.feeds.create(spec.session_id, generated, len(spec.prompt))
         if self.state.paused:
             self.state.held.add(spec.session_id)
         else:

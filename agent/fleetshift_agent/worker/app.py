@@ -134,7 +134,7 @@ async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     feeds = Feeds()
     for s in engine.live_sessions():
-        feeds.create(s.session_id, s.generated)
+        feeds.create(s.session_id, s.generated, s.prompt_len)
     server_ref: list[RunningServer] = []
 
     def failed(exc: BaseException) -> None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 
 from fleetshift.v1 import worker_pb2
 from fleetshift_agent.engine import TokenEvent
+from fleetshift_common.bounds import MAX_FINISHED_SESSIONS
 from fleetshift_common.errors import AlreadyExists, NotFound
 
 # How long a session that finished with no client reading it is reported as unread (the
@@ -22,6 +24,24 @@ from fleetshift_common.errors import AlreadyExists, NotFound
 # follows a moved session (120 s) plus a daemon restart; the feed itself may be dropped
 # sooner (Feeds.keep_done), and then it is no longer reported: its tokens are gone.
 UNREAD_KEPT_S = 900.0
+# How long, and how many, sessions that finished here are reported for the daemon's
+# output-length estimator (WorkerInfo.finished_sessions). Each agent heartbeat (every few
+# seconds) repeats them and the daemon counts each session id once, so a lost or resent
+# heartbeat loses or doubles nothing; only beyond MAX_FINISHED_SESSIONS finishing between two
+# polls do the oldest go unreported, which thins the estimator's sample, not its mean.
+FINISHED_KEPT_S = 120.0
+# Finish reasons that are a session's own end: a cancelled session or one that left (moved,
+# failed) says nothing about how long its output would have been.
+OWN_ENDS = frozenset({"stop", "length"})
+
+
+@dataclass(frozen=True)
+class Finished:
+    session_id: str
+    prompt_tokens: int
+    output_tokens: int
+    finish_reason: str
+    at: float  # by the feeds' clock
 
 
 class Feed:
@@ -30,9 +50,13 @@ class Feed:
         session_id: str,
         tokens: Iterable[int] = (),
         clock: Callable[[], float] = time.monotonic,
+        prompt_tokens: int = 0,
+        on_finish: Callable[[Feed], None] = lambda feed: None,
     ) -> None:
         self.session_id = session_id
-        self.tokens = list(tokens)
+        self.tokens = list(tokens)  # every generated token, also those before a move
+        self.prompt_tokens = prompt_tokens  # 0: not known here
+        self._on_finish = on_finish
         self.finished = False
         self.finish_reason = ""
         self.closed = ""  # why the session left without finishing ("moved", "cancelled")
@@ -53,6 +77,7 @@ class Feed:
             self.finished = True
             self.finish_reason = ev.finish_reason
             self.finished_at = self._clock()
+            self._on_finish(self)
         self._wake()
 
     def close(self, why: str) -> None:
@@ -73,12 +98,13 @@ class Feeds:
         self._feeds: OrderedDict[str, Feed] = OrderedDict()
         self._keep_done = keep_done
         self._clock = clock
+        self._finished: deque[Finished] = deque(maxlen=MAX_FINISHED_SESSIONS)
 
-    def create(self, session_id: str, tokens: Iterable[int] = ()) -> Feed:
+    def create(self, session_id: str, tokens: Iterable[int] = (), prompt_tokens: int = 0) -> Feed:
         old = self._feeds.get(session_id)
         if old is not None and not old.done:
             raise AlreadyExists(f"session_id {session_id!r} is live here", field="session_id")
-        feed = Feed(session_id, tokens, self._clock)
+        feed = Feed(session_id, tokens, self._clock, prompt_tokens, self._record_finish)
         self._feeds[session_id] = feed
         self._feeds.move_to_end(session_id)
         self._trim()
@@ -108,6 +134,25 @@ class Feeds:
             for sid, feed in self._feeds.items()
             if feed.finished and not feed.read and feed.finished_at >= since
         ]
+
+    def _record_finish(self, feed: Feed) -> None:
+        if feed.finish_reason in OWN_ENDS and feed.prompt_tokens > 0:
+            self._finished.append(
+                Finished(
+                    feed.session_id,
+                    feed.prompt_tokens,
+                    len(feed.tokens),
+                    feed.finish_reason,
+                    feed.finished_at,
+                )
+            )
+
+    def finished(self) -> list[Finished]:
+        """Sessions that finished here by a stop token or their length within
+        FINISHED_KEPT_S (the last MAX_FINISHED_SESSIONS), oldest first. A session whose prompt
+        length this worker does not know (none such today) is not reported."""
+        since = self._clock() - FINISHED_KEPT_S
+        return [f for f in self._finished if f.at >= since]
 
     def close_all(self, why: str) -> None:
         for feed in self._feeds.values():

@@ -69,6 +69,12 @@ class _Held:
         return cls(s.session_id, len(s.tokens), s.prompt_len, bool(s.cached))
 
 
+def _feed_of(s: Session) -> tuple[str, list[int], int]:
+    """What a feed for an engine session that arrived here starts from: its id, the tokens
+    it generated so far (also before a move) and its prompt's length."""
+    return s.session_id, list(s.generated), s.prompt_len
+
+
 def _sampling(msg: worker_pb2.WorkerSampling) -> SamplingParams:
     seed = msg.seed if msg.HasField("seed") else secrets.randbits(63)
     top_p = msg.top_p if msg.HasField("top_p") else 1.0
@@ -111,7 +117,7 @@ class WorkerServicer(SessionServicer[WorkerState]):
     async def _start_session(self, request: worker_pb2.GenerateRequest) -> Feed:
         params = _sampling(request.sampling)
         sid = request.session_id or uuid.uuid4().hex
-        feed = self.feeds.create(sid)
+        feed = self.feeds.create(sid, prompt_tokens=len(request.prompt_tokens))
         prompt = list(request.prompt_tokens)
         stops = list(request.stop_token_ids)
         try:
@@ -195,7 +201,7 @@ class WorkerServicer(SessionServicer[WorkerState]):
 
         def restore() -> tuple[RestoreReport, CompatVerdict]:
             report, verdict = import_snapshot_sessions(self.engine, snap)
-            seen = [(sid, self.engine.get(sid).generated) for sid in report.sessions]
+            seen = [_feed_of(self.engine.get(sid)) for sid in report.sessions]
             # Posted under the step lock, so the feeds exist before any token of theirs.
             self.loop.call_soon_threadsafe(self._create_feeds, seen)
             return report, verdict
@@ -207,9 +213,9 @@ class WorkerServicer(SessionServicer[WorkerState]):
             compat=verdict.describe(),
         )
 
-    def _create_feeds(self, sessions: list[tuple[str, list[int]]]) -> None:
-        for sid, generated in sessions:
-            self.feeds.create(sid, generated)
+    def _create_feeds(self, sessions: list[tuple[str, list[int], int]]) -> None:
+        for sid, generated, prompt_len in sessions:
+            self.feeds.create(sid, generated, prompt_len)
 
     @rpc_errors
     async def ExportSession(
@@ -259,7 +265,7 @@ class WorkerServicer(SessionServicer[WorkerState]):
             self._staged.add(sid)
             return self._imported(exp, held, staged=True)
         feed_tokens = exp.description["tokens"][exp.description["prompt_len"] :]
-        self.feeds.create(sid, feed_tokens)
+        self.feeds.create(sid, feed_tokens, int(exp.description["prompt_len"]))
         try:
             # Read inside the call: once it returns, the engine may prefill the session.
             held = await self.runner.call(lambda: _Held.of(self.engine.import_session(exp)))
@@ -277,7 +283,7 @@ class WorkerServicer(SessionServicer[WorkerState]):
         def apply() -> _Held:
             s = self.engine.apply_delta(sid, delta, schedule=schedule)
             if schedule:  # posted under the step lock: the feed exists before any new token
-                self.loop.call_soon_threadsafe(self._create_feeds, [(sid, list(s.generated))])
+                self.loop.call_soon_threadsafe(self._create_feeds, [_feed_of(s)])
             return _Held.of(s)
 
         held = await self.runner.call(apply)

@@ -158,6 +158,15 @@ class SessionServicer(worker_pb2_grpc.WorkerServiceServicer, Generic[S]):
             role=self.state.role,  # type: ignore[arg-type]
             session_ids=self.feeds.live_ids(),
             unread_session_ids=self.feeds.unread_ids(),
+            finished_sessions=[
+                fleet_pb2.FinishedSession(
+                    session_id=f.session_id,
+                    prompt_tokens=f.prompt_tokens,
+                    output_tokens=f.output_tokens,
+                    finish_reason=f.finish_reason,
+                )
+                for f in self.feeds.finished()
+            ],
             draining=self.state.draining,
             role_epoch=self.state.role_epoch,
             **self._info_fields(),

@@ -8,6 +8,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift_daemon.core.engine_fit import TpFit
+from fleetshift_daemon.core.estimator import Completion
 from fleetshift_daemon.core.fleet import (
     GpuInfo,
     InventorySource,
@@ -146,6 +147,10 @@ def worker_report(msg: pb.WorkerStatus, where: str = "workers") -> WorkerReport:
         sessions=tuple(msg.session_ids),
         unread=tuple(msg.unread_session_ids),
         role_epoch=msg.role_epoch,
+        finished=tuple(
+            Completion(f.session_id, f.prompt_tokens, f.output_tokens)
+            for f in msg.finished_sessions
+        ),
     )
 
 

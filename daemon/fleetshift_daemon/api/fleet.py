@@ -64,6 +64,8 @@ class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
     ) -> pb.HeartbeatResponse:
         require_node_identity(request.node_name)
         reports = [convert.worker_report(w, f"workers[{i}]") for i, w in enumerate(request.workers)]
+        if self._placement is not None:  # a bad finished session refuses it all, first
+            self._placement.check_finished(reports)
         previous = self._registry.last_heartbeat(request.node_name)
         counters = [r.counters for r in reports if r.counters is not None]
         acting = self._acting()
@@ -75,6 +77,9 @@ class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
                 log.error("worker vanished from its node", extra={"worker": worker_id})
         if self._placement is not None:
             self._placement.observe_heartbeat(node)
+            # Every replica learns output lengths from the heartbeats it hears (each answers
+            # Route with its own estimator); repeats are counted once.
+            self._placement.observe_finished(reports)
         if self._metrics is not None and previous is not None and node.last_heartbeat_at:
             self._metrics.observe_heartbeat(node.last_heartbeat_at - previous)
         return pb.HeartbeatResponse(state=convert.node_state_pb(node.state), cordoned=node.cordoned)

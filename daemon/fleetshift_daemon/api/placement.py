@@ -363,6 +363,10 @@ class PlanningServicer(pb_grpc.PlanningServicer):
                 prefill_decode_ratio=min(stats.prefill_decode_ratio, 1e9),
                 requests_in_window=stats.requests,
                 estimator_mae_tokens=0.0 if math.isnan(error.mae) else error.mae,
+                estimator_samples=error.n,
+                estimator_baseline_mae_tokens=(
+                    0.0 if math.isnan(error.baseline_mae) else error.baseline_mae
+                ),
             )
         return out
 

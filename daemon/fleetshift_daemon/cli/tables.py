@@ -164,6 +164,8 @@ def traffic_table(mix: object) -> Table:
         "output mean/p90",
         "prefill:decode",
         "estimator MAE",
+        "baseline MAE",
+        "completions",
     ):
         table.add_column(column)
     for m in mix.models:  # type: ignore[attr-defined]
@@ -174,6 +176,8 @@ def traffic_table(mix: object) -> Table:
             f"{m.output_tokens.mean:.0f} / {m.output_tokens.p90:.0f}",
             f"{m.prefill_decode_ratio:.2f}",
             f"{m.estimator_mae_tokens:.1f}",
+            f"{m.estimator_baseline_mae_tokens:.1f}",
+            str(m.estimator_samples),
         )
     return table
 

@@ -9,19 +9,36 @@ model's global mean and then to a configured prior while a bucket has too few sa
 
 It also scores itself: before learning from each completion it records what it would have
 predicted, and what the naive global-mean baseline would have, so its error is reported
-online next to the baseline's.
+online next to the baseline's (GetTrafficMix: ``estimator_mae_tokens`` over
+``estimator_samples`` completions, and ``estimator_baseline_mae_tokens``; the CLI's
+``fleetshift traffic``).
+
+Where completions come from. In the simulator, from its simulated workers. In a real fleet,
+from heartbeats: each worker keeps the sessions that finished by their own end (a stop token
+or their length; a cancelled session or one moved away says nothing about its output, and a
+moved session finishes on its target, counting every token it generated) for 120 s, at most
+the last 256, and reports them in ``WorkerInfo.finished_sessions``; its agent relays them in
+every heartbeat (``WorkerStatus.finished_sessions``). The same entries therefore arrive in
+several heartbeats, and a heartbeat the agent resends after a failure arrives twice, so the
+daemon counts each (worker, session id) once (``CompletionLedger``) rather than the agent
+dropping only what a daemon acknowledged: that needs no per-agent state, survives an agent or
+daemon restart and a lost answer (the daemon applied a heartbeat whose reply never came
+back), and each replica of a replicated daemon learns the same completions from the same
+heartbeats. The heartbeat handler checks every entry (``validation.check_finished``) before
+anything is recorded, so a bad one refuses the heartbeat and teaches the estimator nothing.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from fleetshift_common.bounds import MAX_CONTEXT_TOKENS
+from fleetshift_common.bounds import MAX_CONTEXT_TOKENS, MAX_FINISHED_SESSIONS
 from fleetshift_common.errors import InvalidArgument
 
 
@@ -148,3 +165,47 @@ class OutputLengthEstimator:
             baseline_mae=float(np.abs(base - actual).mean()),
             baseline_median_abs_pct=float(np.median(np.abs(base - actual) / denom) * 100),
         )
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A session that finished on a worker by its own end, as a heartbeat reports it."""
+
+    session_id: str
+    prompt_tokens: int
+    output_tokens: int
+
+
+class CompletionLedger:
+    """Which reported completions are new: each (worker, session id) is fed to the estimator
+    once, however many heartbeats repeat it.
+
+    A worker reports its last MAX_FINISHED_SESSIONS completions, so remembering twice that
+    many per worker covers every entry it can still repeat; the least recently heard workers
+    are forgotten beyond ``max_workers`` (a stopped worker reports nothing more). A client
+    that reuses a session id on the same worker within that window is counted once."""
+
+    def __init__(self, per_worker: int = 2 * MAX_FINISHED_SESSIONS, max_workers: int = 4096):
+        self._per_worker = per_worker
+        self._max_workers = max_workers
+        self._seen: OrderedDict[str, OrderedDict[str, None]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def fresh(self, worker_id: str, completions: Iterable[Completion]) -> list[Completion]:
+        """The completions not heard before from ``worker_id``, now marked as heard."""
+        out: list[Completion] = []
+        with self._lock:
+            seen = self._seen.get(worker_id)
+            if seen is None:
+                seen = self._seen[worker_id] = OrderedDict()
+                while len(self._seen) > self._max_workers:
+                    self._seen.popitem(last=False)
+            self._seen.move_to_end(worker_id)
+            for c in completions:
+                if c.session_id in seen:
+                    continue
+                seen[c.session_id] = None
+                if len(seen) > self._per_worker:
+                    seen.popitem(last=False)
+                out.append(c)
+        return out

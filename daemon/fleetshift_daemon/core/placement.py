@@ -23,7 +23,11 @@ from fleetshift_common.errors import FailedPrecondition, InvalidArgument, NotFou
 from fleetshift_daemon.core.burst import BurstSizer
 from fleetshift_daemon.core.corrections import CorrectionTable
 from fleetshift_daemon.core.engine_fit import TpFit, planned_tp_options, refusal, tp_fit
-from fleetshift_daemon.core.estimator import EstimatorError, OutputLengthEstimator
+from fleetshift_daemon.core.estimator import (
+    CompletionLedger,
+    EstimatorError,
+    OutputLengthEstimator,
+)
 from fleetshift_daemon.core.fleet import InventorySource, NodeRecord, NodeState
 from fleetshift_daemon.core.gpus import GpuCatalogue, GpuKind
 from fleetshift_daemon.core.model_calibrations import PREDICTED
@@ -56,8 +60,8 @@ from fleetshift_daemon.core.slo_monitor import (
     sample_from_counters,
 )
 from fleetshift_daemon.core.traffic import TrafficMonitor, TrafficStats
-from fleetshift_daemon.core.validation import check_route_lengths
-from fleetshift_daemon.core.workers import WorkerRecord, WorkerState, WorkerTable
+from fleetshift_daemon.core.validation import check_finished, check_route_lengths
+from fleetshift_daemon.core.workers import WorkerRecord, WorkerReport, WorkerState, WorkerTable
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,7 @@ class PlacementService:
         self.settings = settings or PlanningSettings()
         self.traffic = TrafficMonitor(clock)
         self.estimator = OutputLengthEstimator()
+        self._completions = CompletionLedger()
         contexts = {m.name: m.context_tokens for m in models}
         self.traffic.set_context_limits(contexts)
         self.estimator.set_context_limits(contexts)
@@ -352,6 +357,31 @@ class PlacementService:
 
     def observe_completion(self, model: str, prompt_tokens: int, output_tokens: int) -> None:
         self.estimator.observe_completion(model, prompt_tokens, output_tokens)
+
+    def check_finished(self, reports: Sequence[WorkerReport]) -> None:
+        """Refuse (naming ``workers[i].finished_sessions[j]...``) a heartbeat that reports a
+        finished session its model's context cannot hold; call before the heartbeat changes
+        anything. Workers of a model not served here are not checked: they teach nothing."""
+        for i, report in enumerate(reports):
+            served = self.models.get(report.spec.model)
+            if served is not None and report.finished:
+                check_finished(
+                    report.finished, served.context_tokens, f"workers[{i}].finished_sessions"
+                )
+
+    def observe_finished(self, reports: Sequence[WorkerReport]) -> int:
+        """Feed the estimator each finished session a heartbeat reports, once per (worker,
+        session id) however many heartbeats repeat it; returns how many were new."""
+        n = 0
+        for report in reports:
+            if report.spec.model not in self.models or not report.finished:
+                continue
+            for c in self._completions.fresh(report.worker_id, report.finished):
+                self.estimator.observe_completion(
+                    report.spec.model, c.prompt_tokens, c.output_tokens
+                )
+                n += 1
+        return n
 
     # -- PlaceWorker -------------------------------------------------------------------------
     def place_worker(

@@ -7,9 +7,11 @@ fleet's router) whose log line is the only place a human will see what was wrong
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fleetshift_common.errors import InvalidArgument
+from fleetshift_daemon.core.estimator import Completion
 from fleetshift_daemon.core.fleet import GpuInfo, Registration
 from fleetshift_daemon.core.routing import RouteRequest
 
@@ -111,4 +113,34 @@ def check_route_lengths(request: RouteRequest, context_tokens: int) -> None:
                 f"{name} must be <= {context_tokens} (the context of model "
                 f"{request.model!r}), got {value}",
                 field=name,
+            )
+
+
+def check_finished(completions: Sequence[Completion], context_tokens: int, where: str) -> None:
+    """Finished sessions a heartbeat reports for one worker (``where``:
+    ``workers[i].finished_sessions``) must each name a session, have a prompt, and fit the
+    model's context: a session longer than its context cannot have happened, and learning
+    from it would poison the estimator. The API's table already refused what no context
+    allows (negative lengths, beyond MAX_CONTEXT_TOKENS, more than MAX_FINISHED_SESSIONS
+    entries); this is the model's own limit and the proto3 zeros the table cannot see."""
+    for j, c in enumerate(completions):
+        at = f"{where}[{j}]"
+        if not c.session_id:
+            raise InvalidArgument(f"{at}.session_id must not be empty", field=f"{at}.session_id")
+        if c.prompt_tokens < 1:
+            raise InvalidArgument(
+                f"{at}.prompt_tokens must be >= 1, got {c.prompt_tokens}",
+                field=f"{at}.prompt_tokens",
+            )
+        if c.output_tokens < 0:
+            raise InvalidArgument(
+                f"{at}.output_tokens must be >= 0, got {c.output_tokens}",
+                field=f"{at}.output_tokens",
+            )
+        if c.prompt_tokens + c.output_tokens > context_tokens:
+            field = "prompt_tokens" if c.prompt_tokens > context_tokens else "output_tokens"
+            raise InvalidArgument(
+                f"{at}.{field}: prompt_tokens + output_tokens must be <= {context_tokens} (the "
+                f"model's context), got {c.prompt_tokens} + {c.output_tokens}",
+                field=f"{at}.{field}",
             )

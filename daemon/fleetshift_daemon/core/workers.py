@@ -24,6 +24,7 @@ from typing import Protocol
 from fleetshift_common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from fleetshift_common.vocabulary import Role as Role
 from fleetshift_common.vocabulary import WorkerState as WorkerState
+from fleetshift_daemon.core.estimator import Completion
 from fleetshift_daemon.core.fleet import WorkerCounters
 from fleetshift_daemon.core.perfmodel import Dtype
 
@@ -80,6 +81,9 @@ class WorkerReport:
     # Sessions that finished on the worker with no client reading them: it still holds their
     # tokens, and a client coming back must be sent there (see locate_session).
     unread: tuple[str, ...] = ()
+    # Sessions that finished there lately by their own end, for the output-length estimator
+    # (repeated in every heartbeat; see core.estimator.CompletionLedger).
+    finished: tuple[Completion, ...] = ()
 
 
 class WorkerStore(Protocol):

@@ -25,21 +25,21 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66leetshift/v1/fleet.proto\x12\rfleetshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb0\x01\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x14\n\x0cproduct_name\x18\x02 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12\x17\n\x0f\x62\x61ndwidth_class\x18\x04 \x01(\t\x12\x1a\n\x12\x63ompute_capability\x18\x05 \x01(\t\x12\x15\n\rfp8_supported\x18\x06 \x01(\x08\x12\x14\n\x0cnvlink_peers\x18\x07 \x03(\r\x12\x0c\n\x04uuid\x18\x08 \x01(\t\"J\n\x0cNodeVersions\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12\x0c\n\x04\x63uda\x18\x02 \x01(\t\x12\r\n\x05torch\x18\x03 \x01(\t\x12\r\n\x05\x61gent\x18\x04 \x01(\t\"\xca\x01\n\x13RegisterNodeRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x15\n\ragent_address\x18\x02 \x01(\t\x12 \n\x04gpus\x18\x03 \x03(\x0b\x32\x12.fleetshift.v1.Gpu\x12-\n\x08versions\x18\x04 \x01(\x0b\x32\x1b.fleetshift.v1.NodeVersions\x12\x38\n\x10inventory_source\x18\x05 \x01(\x0e\x32\x1e.fleetshift.v1.InventorySource\"\xf2\x02\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\ragent_address\x18\x02 \x01(\t\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.fleetshift.v1.NodeState\x12\x10\n\x08\x63ordoned\x18\x04 \x01(\x08\x12\x38\n\x10inventory_source\x18\x05 \x01(\x0e\x32\x1e.fleetshift.v1.InventorySource\x12-\n\x08versions\x18\x06 \x01(\x0b\x32\x1b.fleetshift.v1.NodeVersions\x12 \n\x04gpus\x18\x07 \x03(\x0b\x32\x12.fleetshift.v1.Gpu\x12\x31\n\rregistered_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11last_heartbeat_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rcordon_reason\x18\n \x01(\t\"i\n\x14RegisterNodeResponse\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.fleetshift.v1.Node\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x08\"\x81\x02\n\x0eWorkerCounters\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0eprefill_tokens\x18\x02 \x01(\x04\x12\x15\n\rdecode_tokens\x18\x03 \x01(\x04\x12\x13\n\x0bqueue_depth\x18\x04 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x05 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x06 \x01(\r\x12\x15\n\rlive_sessions\x18\x07 \x01(\r\x12\x13\n\x0bttft_p50_ms\x18\x08 \x01(\x01\x12\x13\n\x0bttft_p99_ms\x18\t \x01(\x01\x12\x12\n\ntbt_p50_ms\x18\n \x01(\x01\x12\x12\n\ntbt_p99_ms\x18\x0b \x01(\x01\"\xc1\x03\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\'\n\x04role\x18\x03 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x17\n\x0ftensor_parallel\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x06 \x03(\r\x12\x10\n\x08\x65ndpoint\x18\x07 \x01(\t\x12)\n\x05state\x18\x08 \x01(\x0e\x32\x1a.fleetshift.v1.WorkerState\x12\x17\n\x0forigin_snapshot\x18\t \x01(\t\x12/\n\x08\x63ounters\x18\n \x01(\x0b\x32\x1d.fleetshift.v1.WorkerCounters\x12\x13\n\x0bsession_ids\x18\x0b \x03(\t\x12\x12\n\nrole_epoch\x18\x0c \x01(\x04\x12\x11\n\tnode_name\x18\r \x01(\t\x12\x16\n\x0erestore_compat\x18\x0e \x01(\t\x12\x0f\n\x06\x65ngine\x18\xde\x02 \x01(\t\x12 \n\x17tensor_parallel_nominal\x18\xdf\x02 \x01(\x08\x12\x1b\n\x12unread_session_ids\x18\xd8\x04 \x03(\t\"S\n\x10HeartbeatRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12,\n\x07workers\x18\x02 \x03(\x0b\x32\x1b.fleetshift.v1.WorkerStatus\"N\n\x11HeartbeatResponse\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.fleetshift.v1.NodeState\x12\x10\n\x08\x63ordoned\x18\x02 \x01(\x08\"Y\n\x10ListNodesRequest\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.fleetshift.v1.NodeState\x12\x1c\n\x14gpu_product_contains\x18\x02 \x01(\t\"7\n\x11ListNodesResponse\x12\"\n\x05nodes\x18\x01 \x03(\x0b\x32\x13.fleetshift.v1.Node\"#\n\x0eGetNodeRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\"6\n\x11\x43ordonNodeRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"(\n\x13UncordonNodeRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t*m\n\x0fInventorySource\x12 \n\x1cINVENTORY_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n\x15INVENTORY_SOURCE_NVML\x10\x01\x12\x1d\n\x19INVENTORY_SOURCE_DECLARED\x10\x02*R\n\tNodeState\x12\x1a\n\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10NODE_STATE_READY\x10\x01\x12\x13\n\x0fNODE_STATE_LOST\x10\x02*q\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x15\n\x11WORKER_ROLE_MIXED\x10\x03*\xae\x01\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x18\n\x14WORKER_STATE_SERVING\x10\x02\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x03\x12\x18\n\x14WORKER_STATE_STOPPED\x10\x04\x12\x17\n\x13WORKER_STATE_FAILED\x10\x05\x32\xb8\x01\n\rAgentRegistry\x12W\n\x0cRegisterNode\x12\".fleetshift.v1.RegisterNodeRequest\x1a#.fleetshift.v1.RegisterNodeResponse\x12N\n\tHeartbeat\x12\x1f.fleetshift.v1.HeartbeatRequest\x1a .fleetshift.v1.HeartbeatResponse2\xac\x02\n\rFleetOperator\x12N\n\tListNodes\x12\x1f.fleetshift.v1.ListNodesRequest\x1a .fleetshift.v1.ListNodesResponse\x12=\n\x07GetNode\x12\x1d.fleetshift.v1.GetNodeRequest\x1a\x13.fleetshift.v1.Node\x12\x43\n\nCordonNode\x12 .fleetshift.v1.CordonNodeRequest\x1a\x13.fleetshift.v1.Node\x12G\n\x0cUncordonNode\x12\".fleetshift.v1.UncordonNodeRequest\x1a\x13.fleetshift.v1.Nodeb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66leetshift/v1/fleet.proto\x12\rfleetshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb0\x01\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x14\n\x0cproduct_name\x18\x02 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12\x17\n\x0f\x62\x61ndwidth_class\x18\x04 \x01(\t\x12\x1a\n\x12\x63ompute_capability\x18\x05 \x01(\t\x12\x15\n\rfp8_supported\x18\x06 \x01(\x08\x12\x14\n\x0cnvlink_peers\x18\x07 \x03(\r\x12\x0c\n\x04uuid\x18\x08 \x01(\t\"J\n\x0cNodeVersions\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12\x0c\n\x04\x63uda\x18\x02 \x01(\t\x12\r\n\x05torch\x18\x03 \x01(\t\x12\r\n\x05\x61gent\x18\x04 \x01(\t\"\xca\x01\n\x13RegisterNodeRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x15\n\ragent_address\x18\x02 \x01(\t\x12 \n\x04gpus\x18\x03 \x03(\x0b\x32\x12.fleetshift.v1.Gpu\x12-\n\x08versions\x18\x04 \x01(\x0b\x32\x1b.fleetshift.v1.NodeVersions\x12\x38\n\x10inventory_source\x18\x05 \x01(\x0e\x32\x1e.fleetshift.v1.InventorySource\"\xf2\x02\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\ragent_address\x18\x02 \x01(\t\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.fleetshift.v1.NodeState\x12\x10\n\x08\x63ordoned\x18\x04 \x01(\x08\x12\x38\n\x10inventory_source\x18\x05 \x01(\x0e\x32\x1e.fleetshift.v1.InventorySource\x12-\n\x08versions\x18\x06 \x01(\x0b\x32\x1b.fleetshift.v1.NodeVersions\x12 \n\x04gpus\x18\x07 \x03(\x0b\x32\x12.fleetshift.v1.Gpu\x12\x31\n\rregistered_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11last_heartbeat_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rcordon_reason\x18\n \x01(\t\"i\n\x14RegisterNodeResponse\x12!\n\x04node\x18\x01 \x01(\x0b\x32\x13.fleetshift.v1.Node\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x08\"\x81\x02\n\x0eWorkerCounters\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0eprefill_tokens\x18\x02 \x01(\x04\x12\x15\n\rdecode_tokens\x18\x03 \x01(\x04\x12\x13\n\x0bqueue_depth\x18\x04 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x05 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x06 \x01(\r\x12\x15\n\rlive_sessions\x18\x07 \x01(\r\x12\x13\n\x0bttft_p50_ms\x18\x08 \x01(\x01\x12\x13\n\x0bttft_p99_ms\x18\t \x01(\x01\x12\x12\n\ntbt_p50_ms\x18\n \x01(\x01\x12\x12\n\ntbt_p99_ms\x18\x0b \x01(\x01\"j\n\x0f\x46inishedSession\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12\x15\n\routput_tokens\x18\x03 \x01(\x03\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\"\xfd\x03\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\'\n\x04role\x18\x03 \x01(\x0e\x32\x19.fleetshift.v1.WorkerRole\x12\x17\n\x0ftensor_parallel\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x06 \x03(\r\x12\x10\n\x08\x65ndpoint\x18\x07 \x01(\t\x12)\n\x05state\x18\x08 \x01(\x0e\x32\x1a.fleetshift.v1.WorkerState\x12\x17\n\x0forigin_snapshot\x18\t \x01(\t\x12/\n\x08\x63ounters\x18\n \x01(\x0b\x32\x1d.fleetshift.v1.WorkerCounters\x12\x13\n\x0bsession_ids\x18\x0b \x03(\t\x12\x12\n\nrole_epoch\x18\x0c \x01(\x04\x12\x11\n\tnode_name\x18\r \x01(\t\x12\x16\n\x0erestore_compat\x18\x0e \x01(\t\x12\x0f\n\x06\x65ngine\x18\xde\x02 \x01(\t\x12 \n\x17tensor_parallel_nominal\x18\xdf\x02 \x01(\x08\x12\x1b\n\x12unread_session_ids\x18\xd8\x04 \x03(\t\x12:\n\x11\x66inished_sessions\x18\xb2\x05 \x03(\x0b\x32\x1e.fleetshift.v1.FinishedSession\"S\n\x10HeartbeatRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12,\n\x07workers\x18\x02 \x03(\x0b\x32\x1b.fleetshift.v1.WorkerStatus\"N\n\x11HeartbeatResponse\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.fleetshift.v1.NodeState\x12\x10\n\x08\x63ordoned\x18\x02 \x01(\x08\"Y\n\x10ListNodesRequest\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.fleetshift.v1.NodeState\x12\x1c\n\x14gpu_product_contains\x18\x02 \x01(\t\"7\n\x11ListNodesResponse\x12\"\n\x05nodes\x18\x01 \x03(\x0b\x32\x13.fleetshift.v1.Node\"#\n\x0eGetNodeRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\"6\n\x11\x43ordonNodeRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"(\n\x13UncordonNodeRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t*m\n\x0fInventorySource\x12 \n\x1cINVENTORY_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n\x15INVENTORY_SOURCE_NVML\x10\x01\x12\x1d\n\x19INVENTORY_SOURCE_DECLARED\x10\x02*R\n\tNodeState\x12\x1a\n\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10NODE_STATE_READY\x10\x01\x12\x13\n\x0fNODE_STATE_LOST\x10\x02*q\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x15\n\x11WORKER_ROLE_MIXED\x10\x03*\xae\x01\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x18\n\x14WORKER_STATE_SERVING\x10\x02\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x03\x12\x18\n\x14WORKER_STATE_STOPPED\x10\x04\x12\x17\n\x13WORKER_STATE_FAILED\x10\x05\x32\xb8\x01\n\rAgentRegistry\x12W\n\x0cRegisterNode\x12\".fleetshift.v1.RegisterNodeRequest\x1a#.fleetshift.v1.RegisterNodeResponse\x12N\n\tHeartbeat\x12\x1f.fleetshift.v1.HeartbeatRequest\x1a .fleetshift.v1.HeartbeatResponse2\xac\x02\n\rFleetOperator\x12N\n\tListNodes\x12\x1f.fleetshift.v1.ListNodesRequest\x1a .fleetshift.v1.ListNodesResponse\x12=\n\x07GetNode\x12\x1d.fleetshift.v1.GetNodeRequest\x1a\x13.fleetshift.v1.Node\x12\x43\n\nCordonNode\x12 .fleetshift.v1.CordonNodeRequest\x1a\x13.fleetshift.v1.Node\x12G\n\x0cUncordonNode\x12\".fleetshift.v1.UncordonNodeRequest\x1a\x13.fleetshift.v1.Nodeb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fleetshift.v1.fleet_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_INVENTORYSOURCE']._serialized_start=2177
-  _globals['_INVENTORYSOURCE']._serialized_end=2286
-  _globals['_NODESTATE']._serialized_start=2288
-  _globals['_NODESTATE']._serialized_end=2370
-  _globals['_WORKERROLE']._serialized_start=2372
-  _globals['_WORKERROLE']._serialized_end=2485
-  _globals['_WORKERSTATE']._serialized_start=2488
-  _globals['_WORKERSTATE']._serialized_end=2662
+  _globals['_INVENTORYSOURCE']._serialized_start=2345
+  _globals['_INVENTORYSOURCE']._serialized_end=2454
+  _globals['_NODESTATE']._serialized_start=2456
+  _globals['_NODESTATE']._serialized_end=2538
+  _globals['_WORKERROLE']._serialized_start=2540
+  _globals['_WORKERROLE']._serialized_end=2653
+  _globals['_WORKERSTATE']._serialized_start=2656
+  _globals['_WORKERSTATE']._serialized_end=2830
   _globals['_GPU']._serialized_start=78
   _globals['_GPU']._serialized_end=254
   _globals['_NODEVERSIONS']._serialized_start=256
@@ -52,24 +52,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERNODERESPONSE']._serialized_end=1015
   _globals['_WORKERCOUNTERS']._serialized_start=1018
   _globals['_WORKERCOUNTERS']._serialized_end=1275
-  _globals['_WORKERSTATUS']._serialized_start=1278
-  _globals['_WORKERSTATUS']._serialized_end=1727
-  _globals['_HEARTBEATREQUEST']._serialized_start=1729
-  _globals['_HEARTBEATREQUEST']._serialized_end=1812
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1814
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1892
-  _globals['_LISTNODESREQUEST']._serialized_start=1894
-  _globals['_LISTNODESREQUEST']._serialized_end=1983
-  _globals['_LISTNODESRESPONSE']._serialized_start=1985
-  _globals['_LISTNODESRESPONSE']._serialized_end=2040
-  _globals['_GETNODEREQUEST']._serialized_start=2042
-  _globals['_GETNODEREQUEST']._serialized_end=2077
-  _globals['_CORDONNODEREQUEST']._serialized_start=2079
-  _globals['_CORDONNODEREQUEST']._serialized_end=2133
-  _globals['_UNCORDONNODEREQUEST']._serialized_start=2135
-  _globals['_UNCORDONNODEREQUEST']._serialized_end=2175
-  _globals['_AGENTREGISTRY']._serialized_start=2665
-  _globals['_AGENTREGISTRY']._serialized_end=2849
-  _globals['_FLEETOPERATOR']._serialized_start=2852
-  _globals['_FLEETOPERATOR']._serialized_end=3152
+  _globals['_FINISHEDSESSION']._serialized_start=1277
+  _globals['_FINISHEDSESSION']._serialized_end=1383
+  _globals['_WORKERSTATUS']._serialized_start=1386
+  _globals['_WORKERSTATUS']._serialized_end=1895
+  _globals['_HEARTBEATREQUEST']._serialized_start=1897
+  _globals['_HEARTBEATREQUEST']._serialized_end=1980
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1982
+  _globals['_HEARTBEATRESPONSE']._serialized_end=2060
+  _globals['_LISTNODESREQUEST']._serialized_start=2062
+  _globals['_LISTNODESREQUEST']._serialized_end=2151
+  _globals['_LISTNODESRESPONSE']._serialized_start=2153
+  _globals['_LISTNODESRESPONSE']._serialized_end=2208
+  _globals['_GETNODEREQUEST']._serialized_start=2210
+  _globals['_GETNODEREQUEST']._serialized_end=2245
+  _globals['_CORDONNODEREQUEST']._serialized_start=2247
+  _globals['_CORDONNODEREQUEST']._serialized_end=2301
+  _globals['_UNCORDONNODEREQUEST']._serialized_start=2303
+  _globals['_UNCORDONNODEREQUEST']._serialized_end=2343
+  _globals['_AGENTREGISTRY']._serialized_start=2833
+  _globals['_AGENTREGISTRY']._serialized_end=3017
+  _globals['_FLEETOPERATOR']._serialized_start=3020
+  _globals['_FLEETOPERATOR']._serialized_end=3320
 # @@protoc_insertion_point(module_scope)

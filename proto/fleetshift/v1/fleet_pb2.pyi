@@ -160,8 +160,20 @@ class WorkerCounters(_message.Message):
     tbt_p99_ms: float
     def __init__(self, worker_id: _Optional[str] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., live_sessions: _Optional[int] = ..., ttft_p50_ms: _Optional[float] = ..., ttft_p99_ms: _Optional[float] = ..., tbt_p50_ms: _Optional[float] = ..., tbt_p99_ms: _Optional[float] = ...) -> None: ...
 
+class FinishedSession(_message.Message):
+    __slots__ = ("session_id", "prompt_tokens", "output_tokens", "finish_reason")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    prompt_tokens: int
+    output_tokens: int
+    finish_reason: str
+    def __init__(self, session_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., finish_reason: _Optional[str] = ...) -> None: ...
+
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "model", "role", "tensor_parallel", "dtype", "gpu_indices", "endpoint", "state", "origin_snapshot", "counters", "session_ids", "role_epoch", "node_name", "restore_compat", "engine", "tensor_parallel_nominal", "unread_session_ids")
+    __slots__ = ("worker_id", "model", "role", "tensor_parallel", "dtype", "gpu_indices", "endpoint", "state", "origin_snapshot", "counters", "session_ids", "role_epoch", "node_name", "restore_compat", "engine", "tensor_parallel_nominal", "unread_session_ids", "finished_sessions")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +191,7 @@ class WorkerStatus(_message.Message):
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     TENSOR_PARALLEL_NOMINAL_FIELD_NUMBER: _ClassVar[int]
     UNREAD_SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     role: WorkerRole
@@ -196,7 +209,8 @@ class WorkerStatus(_message.Message):
     engine: str
     tensor_parallel_nominal: bool
     unread_session_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., tensor_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., endpoint: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., origin_snapshot: _Optional[str] = ..., counters: _Optional[_Union[WorkerCounters, _Mapping]] = ..., session_ids: _Optional[_Iterable[str]] = ..., role_epoch: _Optional[int] = ..., node_name: _Optional[str] = ..., restore_compat: _Optional[str] = ..., engine: _Optional[str] = ..., tensor_parallel_nominal: _Optional[bool] = ..., unread_session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    finished_sessions: _containers.RepeatedCompositeFieldContainer[FinishedSession]
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., tensor_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., endpoint: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., origin_snapshot: _Optional[str] = ..., counters: _Optional[_Union[WorkerCounters, _Mapping]] = ..., session_ids: _Optional[_Iterable[str]] = ..., role_epoch: _Optional[int] = ..., node_name: _Optional[str] = ..., restore_compat: _Optional[str] = ..., engine: _Optional[str] = ..., tensor_parallel_nominal: _Optional[bool] = ..., unread_session_ids: _Optional[_Iterable[str]] = ..., finished_sessions: _Optional[_Iterable[_Union[FinishedSession, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_name", "workers")

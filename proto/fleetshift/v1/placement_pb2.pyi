@@ -237,7 +237,7 @@ class LengthStats(_message.Message):
     def __init__(self, mean: _Optional[float] = ..., p50: _Optional[float] = ..., p90: _Optional[float] = ...) -> None: ...
 
 class ModelTraffic(_message.Message):
-    __slots__ = ("model", "arrival_rate_per_s", "prompt_tokens", "output_tokens", "prefill_decode_ratio", "requests_in_window", "estimator_mae_tokens")
+    __slots__ = ("model", "arrival_rate_per_s", "prompt_tokens", "output_tokens", "prefill_decode_ratio", "requests_in_window", "estimator_mae_tokens", "estimator_samples", "estimator_baseline_mae_tokens")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +245,8 @@ class ModelTraffic(_message.Message):
     PREFILL_DECODE_RATIO_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_IN_WINDOW_FIELD_NUMBER: _ClassVar[int]
     ESTIMATOR_MAE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATOR_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATOR_BASELINE_MAE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model: str
     arrival_rate_per_s: float
     prompt_tokens: LengthStats
@@ -252,7 +254,9 @@ class ModelTraffic(_message.Message):
     prefill_decode_ratio: float
     requests_in_window: int
     estimator_mae_tokens: float
-    def __init__(self, model: _Optional[str] = ..., arrival_rate_per_s: _Optional[float] = ..., prompt_tokens: _Optional[_Union[LengthStats, _Mapping]] = ..., output_tokens: _Optional[_Union[LengthStats, _Mapping]] = ..., prefill_decode_ratio: _Optional[float] = ..., requests_in_window: _Optional[int] = ..., estimator_mae_tokens: _Optional[float] = ...) -> None: ...
+    estimator_samples: int
+    estimator_baseline_mae_tokens: float
+    def __init__(self, model: _Optional[str] = ..., arrival_rate_per_s: _Optional[float] = ..., prompt_tokens: _Optional[_Union[LengthStats, _Mapping]] = ..., output_tokens: _Optional[_Union[LengthStats, _Mapping]] = ..., prefill_decode_ratio: _Optional[float] = ..., requests_in_window: _Optional[int] = ..., estimator_mae_tokens: _Optional[float] = ..., estimator_samples: _Optional[int] = ..., estimator_baseline_mae_tokens: _Optional[float] = ...) -> None: ...
 
 class TrafficMix(_message.Message):
     __slots__ = ("models", "window_s")

@@ -214,7 +214,7 @@ class WorkerCompatKey(_message.Message):
     def __init__(self, gpu_product: _Optional[str] = ..., gpu_count: _Optional[int] = ..., compute_capability: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., engine_name: _Optional[str] = ..., engine_version: _Optional[str] = ..., model_id: _Optional[str] = ..., weights_digest: _Optional[str] = ..., dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., tensor_parallel: _Optional[int] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "role", "model_id", "compat_key", "kv_block_size", "kv_blocks_total", "max_running", "compiled", "paused", "restored_from", "session_ids", "staged_session_ids", "draining", "role_epoch", "unread_session_ids")
+    __slots__ = ("worker_id", "role", "model_id", "compat_key", "kv_block_size", "kv_blocks_total", "max_running", "compiled", "paused", "restored_from", "session_ids", "staged_session_ids", "draining", "role_epoch", "unread_session_ids", "finished_sessions")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +230,7 @@ class WorkerInfo(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     ROLE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     UNREAD_SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: _fleet_pb2.WorkerRole
     model_id: str
@@ -245,7 +246,8 @@ class WorkerInfo(_message.Message):
     draining: bool
     role_epoch: int
     unread_session_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ..., model_id: _Optional[str] = ..., compat_key: _Optional[_Union[WorkerCompatKey, _Mapping]] = ..., kv_block_size: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., max_running: _Optional[int] = ..., compiled: _Optional[bool] = ..., paused: _Optional[bool] = ..., restored_from: _Optional[str] = ..., session_ids: _Optional[_Iterable[str]] = ..., staged_session_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., role_epoch: _Optional[int] = ..., unread_session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    finished_sessions: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.FinishedSession]
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_fleet_pb2.WorkerRole, str]] = ..., model_id: _Optional[str] = ..., compat_key: _Optional[_Union[WorkerCompatKey, _Mapping]] = ..., kv_block_size: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., max_running: _Optional[int] = ..., compiled: _Optional[bool] = ..., paused: _Optional[bool] = ..., restored_from: _Optional[str] = ..., session_ids: _Optional[_Iterable[str]] = ..., staged_session_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., role_epoch: _Optional[int] = ..., unread_session_ids: _Optional[_Iterable[str]] = ..., finished_sessions: _Optional[_Iterable[_Union[_fleet_pb2.FinishedSession, _Mapping]]] = ...) -> None: ...
 
 class SetWorkerRoleRequest(_message.Message):
     __slots__ = ("role",)
