@@ -2,7 +2,8 @@
 
 What a user sees: the daemon starts a vLLM worker through an agent, Route answers it, a
 session streams exactly vLLM's own greedy tokens and re-attaches at a token index, vLLM's
-counters reach the daemon and move the traffic mix, and a bad engine argument fails the
+counters reach the daemon and move the traffic mix, its finished sessions teach the daemon's
+output-length estimator, and a bad engine argument fails the
 start naming vLLM's reason while the agent serves on with nothing half-registered.
 """
 
@@ -151,6 +152,23 @@ async def test_vllm_worker_serves_routes_streams_and_reports(
 
         ratio = await wait_for(counters_mix, 30, "the traffic mix did not take vLLM's counters")
         assert ratio > 0
+
+        # Every session that ran to its length reached the daemon's output-length estimator
+        # through the heartbeats, once each: the four, the carried one and the last one (the
+        # re-attach probe was cancelled: not a finished request). Route without an expected
+        # output now answers what they produced, not the 256-token prior.
+        async def learned() -> int | None:
+            mix = await ppb_grpc.PlanningStub(daemon).GetTrafficMix(
+                ppb.GetTrafficMixRequest(model=MODEL)
+            )
+            n = {m.model: m.estimator_samples for m in mix.models}.get(MODEL, 0)
+            return n if n >= len(SESSIONS) + 2 else None
+
+        assert await wait_for(learned, 30, "finished sessions did not reach the estimator") == (
+            len(SESSIONS) + 2
+        )
+        estimated = await placement.Route(ppb.RouteRequest(model=MODEL, prompt_tokens=40))
+        assert estimated.output_estimated and estimated.output_tokens == TOKENS
         await ops.StopWorker(pb.StopFleetWorkerRequest(worker_id=worker.worker_id), timeout=60)
     fleet.stop()
     # vLLM alone (its offline engine, no FleetShift, same model and arguments): same tokens.
