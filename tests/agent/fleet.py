@@ -18,8 +18,10 @@ import grpc
 
 from fleetshift.v1 import agent_pb2, agent_pb2_grpc, worker_pb2, worker_pb2_grpc
 from fleetshift.v1 import fleet_pb2 as pb
+from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift_agent.app import Agent
 from fleetshift_common.config import AgentConfig, DeclaredGpu
+from fleetshift_rpc.server import ServiceBinding, start_server
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = "NVIDIA H100 80GB HBM3"
@@ -55,6 +57,19 @@ async def running_agent(config: AgentConfig) -> AsyncIterator[Agent]:
     finally:
         await agent.stop(0.1)
         kill_workers(Path(config.state_dir))
+
+
+@contextlib.asynccontextmanager
+async def serving_registry(servicer: pb_grpc.AgentRegistryServicer) -> AsyncIterator[int]:
+    """Serve a test's own AgentRegistry on a real gRPC port, so an agent under test heartbeats
+    to something that records or holds its reports; yields the port."""
+    name = pb.DESCRIPTOR.services_by_name["AgentRegistry"].full_name
+    binding = ServiceBinding(pb_grpc.add_AgentRegistryServicer_to_server, servicer, name)
+    server = await start_server("127.0.0.1:0", [binding], 4 << 20, None, ())
+    try:
+        yield server.port
+    finally:
+        await server.server.stop(0)
 
 
 def kill_workers(state_dir: Path) -> None:

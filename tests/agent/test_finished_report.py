@@ -19,7 +19,6 @@ import pytest
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift.v1 import worker_pb2
-from fleetshift_rpc.server import ServiceBinding, start_server
 
 from .fleet import (
     agent_config,
@@ -27,6 +26,7 @@ from .fleet import (
     eventually,
     paused_session,
     running_agent,
+    serving_registry,
     start_request,
     worker_stub,
 )
@@ -61,18 +61,8 @@ class RecordingRegistry(pb_grpc.AgentRegistryServicer):
 @pytest.fixture
 async def registry() -> AsyncIterator[tuple[RecordingRegistry, int]]:
     servicer = RecordingRegistry()
-    name = pb.DESCRIPTOR.services_by_name["AgentRegistry"].full_name
-    server = await start_server(
-        "127.0.0.1:0",
-        [ServiceBinding(pb_grpc.add_AgentRegistryServicer_to_server, servicer, name)],
-        4 << 20,
-        None,
-        (),
-    )
-    try:
-        yield servicer, server.port
-    finally:
-        await server.server.stop(0)
+    async with serving_registry(servicer) as port:
+        yield servicer, port
 
 
 async def test_a_finished_sessions_lengths_are_in_the_agents_heartbeats(

@@ -25,9 +25,16 @@ from fleetshift.v1 import agent_pb2
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift_common.failpoints import ENV, Failpoints
-from fleetshift_rpc.server import ServiceBinding, start_server
 
-from .fleet import agent_config, agent_stub, alive, running_agent, start_request, worker_pid
+from .fleet import (
+    agent_config,
+    agent_stub,
+    alive,
+    running_agent,
+    serving_registry,
+    start_request,
+    worker_pid,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -59,18 +66,8 @@ class HoldingRegistry(pb_grpc.AgentRegistryServicer):
 @pytest.fixture
 async def registry() -> AsyncIterator[tuple[HoldingRegistry, int]]:
     servicer = HoldingRegistry()
-    name = pb.DESCRIPTOR.services_by_name["AgentRegistry"].full_name
-    server = await start_server(
-        "127.0.0.1:0",
-        [ServiceBinding(pb_grpc.add_AgentRegistryServicer_to_server, servicer, name)],
-        4 << 20,
-        None,
-        (),
-    )
-    try:
-        yield servicer, server.port
-    finally:
-        await server.server.stop(0)
+    async with serving_registry(servicer) as port:
+        yield servicer, port
 
 
 async def test_a_heartbeat_built_before_a_stop_is_answered_before_the_stop(
