@@ -3,9 +3,9 @@
 Each replica answers a share of the Route calls and records them in its own traffic window; the
 leader's planner must see all of them, and so must a follower that becomes leader. Every
 replica publishes what it answered itself, one row per model per interval, numbered so a retry
-never lands twice; every replica reads the rows of the others it has not seen yet. Times travel as ages counted back
-from the row's ``created_at``, stamped by the database's own clock (as the lease's expiry is),
-so a follower's clock and the leader's are never compared.
+never lands twice; every replica reads the rows of the others it has not seen yet. Times
+travel as ages counted back from the row's ``created_at``, stamped by the database's own clock
+(as the lease's expiry is), so two replicas' clocks are never compared.
 """
 
 from __future__ import annotations
