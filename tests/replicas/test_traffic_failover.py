@@ -21,57 +21,13 @@ import pytest
 
 from fleetshift.v1 import placement_pb2 as ppb
 from fleetshift.v1 import placement_pb2_grpc as ppb_grpc
-from fleetshift_common.vocabulary import Role, WorkerState
-from fleetshift_daemon.core.fleet import (
-    GpuInfo,
-    InventorySource,
-    NodeRecord,
-    NodeState,
-    NodeVersions,
-)
-from fleetshift_daemon.core.workers import WorkerRecord, WorkerSpec
-from fleetshift_daemon.store.database import upgrade
-from fleetshift_daemon.store.registry_store import SqlRegistryStore
-from fleetshift_daemon.store.work_store import SqlWorkerStore
 from fleetshift_rpc.replicas import sync_daemon_channel
-from tests.replicas.fleet import ReplicaFleet
+from tests.replicas.fleet import SEEDED_MODEL as MODEL
+from tests.replicas.fleet import seeded_fleet
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(300)]
 
-MODEL = "m70"
 LEADER_PROMPT, FOLLOWER_PROMPT = 1000, 100  # tells whose calls a mix counts
-
-
-def seeded_fleet(root: Path, pg_url: str) -> ReplicaFleet:
-    fleet = ReplicaFleet(
-        root,
-        nodes=(),
-        heartbeat_interval_s=1.0,
-        node_lost_after_s=600.0,  # no agent heartbeats here: the node must stay ready
-        daemon_extra=(
-            "[planner]\ninterval_s = 0\n"
-            f'[[models]]\nname = "{MODEL}"\npreset = "llama2-70b"\ntp_options = [4]\n'
-        ),
-        database_url=pg_url,
-    )
-    engine = fleet.engine()
-    upgrade(engine)
-    now = time.time()
-    gpus = tuple(GpuInfo(i, "NVIDIA H100 80GB HBM3", 80 << 30, "hbm3", "9.0") for i in range(4))
-    SqlRegistryStore(engine).save_node(
-        NodeRecord(
-            "n1", "127.0.0.1:9", NodeState.READY, InventorySource.DECLARED, NodeVersions(),
-            gpus, registered_at=now, last_heartbeat_at=now,
-        )
-    )  # fmt: skip
-    SqlWorkerStore(engine).save_worker(
-        WorkerRecord(
-            "w1", "n1", WorkerSpec(MODEL, Role.MIXED, tp=4), (0, 1, 2, 3), "127.0.0.1:9",
-            WorkerState.SERVING, now,
-        )
-    )  # fmt: skip
-    engine.dispose()
-    return fleet
 
 
 def route(address: str, prompt: int, calls: int) -> None:
