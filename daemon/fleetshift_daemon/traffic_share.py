@@ -23,7 +23,9 @@ nothing here: the new leader's window already holds what the old leader publishe
 last publication. A restarted process is a new identity with an empty window, so it reads its
 former self's rows like anyone else's.
 
-The leader also purges rows no window covers any more (a fenced write).
+At a graceful stop a replica publishes what is left (``flush``), so only a SIGKILL loses the
+calls of a replica's last interval. The leader also purges rows no window covers any more (a
+fenced write).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 from collections.abc import Callable
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -72,8 +75,14 @@ class TrafficShare:
         self._pending: dict[str, list[Timed]] | None = None  # publication self._batch, not out
         self._taken: dict[int, float] | None = None  # row id -> when; None: nothing read yet
         self._rounds = 0
+        self._publishing = threading.Lock()
         self.published = 0  # arrivals this replica published / took in (tests, benches)
         self.taken_in = 0
+
+    def flush(self) -> None:
+        """Blocking: publish what is left, at a graceful stop, so the other replicas count
+        the calls this one answered in its last interval (a SIGKILL loses them)."""
+        self._publish()
 
     async def run(self) -> None:
         while True:
@@ -94,6 +103,10 @@ class TrafficShare:
                 self._store.purge(self._traffic.config.window_s + PURGE_MARGIN_S)
 
     def _publish(self) -> None:
+        with self._publishing:  # a stop's flush and a round cut short by it, one at a time
+            self._publish_locked()
+
+    def _publish_locked(self) -> None:
         for _ in range(2):  # the publication a failed round left, then what came since
             if self._pending is None:
                 own = self._traffic.take_own_arrivals()
