@@ -30,6 +30,7 @@ from tests.replicas.fleet import SEEDED_MODEL, ReplicaFleet, seeded_fleet
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(300)]
 
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+SHARED_NAME = "fleetshiftd.test"  # a DNS name every replica's certificate also carries
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -44,7 +45,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 def issue_pki(pki: Path, fleet: ReplicaFleet) -> None:
     """The project's own PKI commands, as an operator would run them."""
     assert cli("certs", "init-ca", str(pki)).returncode == 0
-    sans = [arg for host in HOSTS for arg in ("--san-ip", host)]
+    sans = [arg for host in HOSTS for arg in ("--san-ip", host)] + ["--san-dns", SHARED_NAME]
     for index in range(len(HOSTS)):
         name = fleet.replica_cert_name(index)
         issued = cli("certs", "issue-server", str(pki), name, *sans)
@@ -85,6 +86,11 @@ def test_a_client_with_a_replica_list_over_mtls_fails_over_from_a_killed_replica
             assert [n.name for n in nodes.nodes] == ["n1"]
         listed = operator_cli(pki, replicas, "nodes")
         assert listed.returncode == 0 and "n1" in listed.stdout, listed.stdout + listed.stderr
+        # --tls-name: the name checked is the one given, not the first replica's host
+        named = operator_cli(pki, replicas, "--tls-name", SHARED_NAME, "nodes")
+        assert named.returncode == 0 and "n1" in named.stdout, named.stdout + named.stderr
+        wrong = operator_cli(pki, replicas, "--tls-name", "elsewhere.test", "nodes")
+        assert wrong.returncode != 0 and "Hostname Verification" in wrong.stdout + wrong.stderr
         new = fleet.leader(30)
         assert new in (1, 2)
         # changes of the fleet on the list, and on the surviving follower alone: under TLS a
