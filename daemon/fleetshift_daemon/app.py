@@ -154,6 +154,8 @@ class Daemon:
             ),
         )
         self.workers.on_change(self.placement.fleet_changed)
+        if self.replica_loop is not None:  # before serving: every Route call is published
+            self.placement.traffic.keep_own_arrivals()
         self.calibrations = await asyncio.to_thread(self._load_calibrations)
         # Liveness reaches the router through each heartbeat's health flags; a rebuild of the
         # index per lost/back node would turn a heartbeat storm into a Route storm.
