@@ -6,10 +6,11 @@ import subprocess
 import sys
 import time
 
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, text
+from sqlalchemy import Engine, inspect, text
 
 from fleetshift_daemon.core.fleet import (
     GpuInfo,
@@ -65,6 +66,42 @@ def test_fresh_migration_matches_models_and_upgrade_twice_is_a_noop(db_url: str)
     assert {"nodes", "gpus", "workers", "operations", "alembic_version"} <= set(
         inspect(engine).get_table_names()
     )
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    with engine.connect() as conn:
+        command.downgrade(alembic_config(conn), revision)
+        conn.commit()
+
+
+def test_every_migration_downgrades_and_upgrades_again(db_url: str) -> None:
+    """Down to nothing and back up, one step at a time; the schema then still equals the
+    models. Route arrivals an older replica published (0005, no publication number) survive
+    0006, and several of them per replica and model still fit its unique index."""
+    engine = make_engine(db_url)
+    upgrade(engine, "0005_fs17")
+    with engine.begin() as conn:
+        for _ in range(2):
+            conn.execute(
+                text(
+                    "INSERT INTO route_arrivals (replica, model, created_at, payload) "
+                    "VALUES ('old', 'm', CURRENT_TIMESTAMP, '[[0.5, 10, 2.0]]')"
+                )
+            )
+    upgrade(engine)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM route_arrivals")).scalar() == 2
+    revisions = [
+        r.revision for r in ScriptDirectory.from_config(alembic_config()).walk_revisions()
+    ]  # head first
+    for below in [*revisions[1:], "base"]:
+        downgrade(engine, below)
+        assert current_revision(engine) == (None if below == "base" else below)
+    assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
 
 
 def test_two_daemons_migrating_at_once_both_succeed(db_url: str) -> None:

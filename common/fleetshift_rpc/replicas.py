@@ -10,6 +10,14 @@ leader by whichever replica they reach (``fleetshift_daemon.api.leader_gate``).
 Host names are resolved once, when the channel is made (a replica list names machines that
 outlive one channel); a single address is passed through untouched, with gRPC's default
 resolution and no retry policy, exactly as before.
+
+**TLS**: one channel verifies every server it reaches against one name. gRPC's own choice for
+an ``ipv4:a,b,c`` target is the whole address list, which no certificate names, so every
+handshake failed ("Hostname Verification Check failed") and a replica list never worked under
+TLS. The name checked is therefore the first replica's host as the caller wrote it (what a
+channel to that replica alone would check), or ``tls_name`` when given: **every replica's
+certificate must name it** (``fleetshift certs issue-server ... --san-ip`` with every
+replica's address, or one ``--san-dns`` name all replicas carry, given as ``tls_name``).
 """
 
 from __future__ import annotations
@@ -62,22 +70,41 @@ def daemon_target(address: str) -> str:
     raise ValueError(f"replica list {address!r} mixes IPv4 and IPv6 addresses")
 
 
-def daemon_options(address: str, max_message_bytes: int = 4 << 20) -> list[tuple[str, object]]:
+def daemon_options(
+    address: str, max_message_bytes: int = 4 << 20, tls: bool = False, tls_name: str = ""
+) -> list[tuple[str, object]]:
     options: list[tuple[str, object]] = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
     ]
     if is_replica_list(address):
         options += [("grpc.service_config", SERVICE_CONFIG), ("grpc.enable_retries", 1)]
+    name = verified_name(address, tls_name)
+    if tls and name:
+        options.append(("grpc.ssl_target_name_override", name))
     return options
+
+
+def verified_name(address: str, tls_name: str = "") -> str:
+    """The name TLS checks every replica's certificate against: ``tls_name``, else for a
+    replica list the first replica's host as written; "" (gRPC's own choice, the host
+    dialled) for a single address."""
+    if tls_name:
+        return tls_name
+    parts = split_addresses(address)
+    if len(parts) == 1:
+        return ""
+    return parts[0].rpartition(":")[0].strip("[]")
 
 
 def aio_daemon_channel(
     address: str,
     max_message_bytes: int = 4 << 20,
     credentials: grpc.ChannelCredentials | None = None,
+    tls_name: str = "",
 ) -> grpc.aio.Channel:
-    target, options = daemon_target(address), daemon_options(address, max_message_bytes)
+    target = daemon_target(address)
+    options = daemon_options(address, max_message_bytes, credentials is not None, tls_name)
     if credentials is None:
         return grpc.aio.insecure_channel(target, options=options)
     return grpc.aio.secure_channel(target, credentials, options=options)
@@ -87,8 +114,10 @@ def sync_daemon_channel(
     address: str,
     max_message_bytes: int = 4 << 20,
     credentials: grpc.ChannelCredentials | None = None,
+    tls_name: str = "",
 ) -> grpc.Channel:
-    target, options = daemon_target(address), daemon_options(address, max_message_bytes)
+    target = daemon_target(address)
+    options = daemon_options(address, max_message_bytes, credentials is not None, tls_name)
     if credentials is None:
         return grpc.insecure_channel(target, options=options)
     return grpc.secure_channel(target, credentials, options=options)

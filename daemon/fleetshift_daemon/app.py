@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from fleetshift_common.blocking import in_thread
 from fleetshift_common.config import DaemonConfig
@@ -153,6 +154,8 @@ class Daemon:
             ),
         )
         self.workers.on_change(self.placement.fleet_changed)
+        if self.replica_loop is not None:  # before serving: every Route call is published
+            self.placement.traffic.keep_own_arrivals()
         self.calibrations = await asyncio.to_thread(self._load_calibrations)
         # Liveness reaches the router through each heartbeat's health flags; a rebuild of the
         # index per lost/back node would turn a heartbeat storm into a Route storm.
@@ -509,6 +512,11 @@ class Daemon:
             self.metrics_endpoint.stop()
         if self.registry and self._acting():
             await asyncio.to_thread(self.registry.sweep)  # flush heartbeat times
+        if self.traffic_share:  # the calls of its last interval, for the other replicas
+            try:
+                await asyncio.to_thread(self.traffic_share.flush)
+            except SQLAlchemyError as err:
+                log.warning("publishing the last route arrivals failed: %s", err)
         if self.replica_loop:
             await self.replica_loop.release()  # a follower takes over now, not after the TTL
         if self._lease_engine:

@@ -1,19 +1,31 @@
-"""Daemon replicas share their Route arrivals, so the leader plans on the whole fleet's traffic.
+"""Daemon replicas share their Route arrivals, so every replica's traffic window, the leader's
+and a future leader's alike, holds the whole fleet's arrivals, each exactly once.
 
 Route feeds the traffic window of the replica that answers it; with clients balancing over
-three replicas the leader's planner saw about a third of the arrivals (docs/replicas.md). Worker
-counters need no sharing (agents heartbeat every replica); Route observations do:
+three replicas each replica sees about a third of the arrivals (docs/replicas.md). Worker
+counters need no sharing (agents heartbeat every replica); Route observations do. Every
+``interval_s``, **every replica, whatever its role**:
 
-- a **follower** publishes, every ``interval_s``, the arrivals its window gained since its last
-  publication (one row per model, ``store/traffic_store.py``);
-- the **leader** reads the rows it has not seen from the other replicas and merges them into
-  its window at their own times (``TrafficMonitor.observe_requests_at``). On election it reads
-  back over the whole window, so a new leader starts with the fleet's recent traffic; and it
-  purges rows no window covers any more (a fenced write).
+- **publishes** the arrivals it answered itself since its last publication
+  (``TrafficMonitor.take_own_arrivals``: Route's own observations, never what it merged from
+  others), one row per model, under a publication number of its own
+  (``store/traffic_store.py``). A publication that fails is retried with the same number
+  until it lands; the database refuses a second copy of a number, so a retry after a failure
+  reported past its commit writes nothing;
+- **takes in** the rows of every other replica it has not taken yet, at their own times
+  (``TrafficMonitor.observe_requests_at``); the first round reads back over the whole window.
 
-A leader does not publish: its window holds the others' arrivals too, and nobody reads them
-while it leads. What the old leader alone answered is therefore missing from a new leader's
-window until the window has turned over (``traffic.window_s``).
+Exactly once, on every replica R: an arrival R answered is in R's window from the Route call
+and is never read back (R skips its own rows); an arrival another process X answered is in
+X's rows exactly once (each is handed out of X's monitor once, and its publication lands
+once), and R takes each row once (by id). Roles play no part, so a change of leader changes
+nothing here: the new leader's window already holds what the old leader published, up to its
+last publication. A restarted process is a new identity with an empty window, so it reads its
+former self's rows like anyone else's.
+
+At a graceful stop a replica publishes what is left (``flush``), so only a SIGKILL loses the
+calls of a replica's last interval. The leader also purges rows no window covers any more (a
+fenced write).
 """
 
 from __future__ import annotations
@@ -21,22 +33,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 from collections.abc import Callable
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from fleetshift_daemon.core.leadership import Deposed
 from fleetshift_daemon.core.traffic import TrafficMonitor
-from fleetshift_daemon.store.traffic_store import Arrival, SqlArrivalStore
+from fleetshift_daemon.store.traffic_store import SqlArrivalStore
 
 log = logging.getLogger("fleetshift.daemon.replicas")
 
 PURGE_EVERY = 30  # rounds: old rows cost nothing until then
 PURGE_MARGIN_S = 60.0
-# After its first read (the whole window), the leader looks back this far each round and
+# After its first read (the whole window), a replica looks back this far each round and
 # skips the rows it has taken in: a row whose insert commits later than this after it began
 # is missed.
 LOOKBACK_S = 10.0
+
+Timed = tuple[float, int, float]  # (time on this process's clock, prompt, output)
 
 
 class TrafficShare:
@@ -55,11 +70,19 @@ class TrafficShare:
         self._leading = leading
         self._clock = clock
         self.interval_s = interval_s
-        self._published_to: float | None = None  # arrivals up to this time are out
-        self._taken: dict[int, float] | None = None  # row id -> when; None: not leading
+        traffic.keep_own_arrivals()  # from here on, what Route answers here is kept to publish
+        self._batch = 0  # the last publication number handed out
+        self._pending: dict[str, list[Timed]] | None = None  # publication self._batch, not out
+        self._taken: dict[int, float] | None = None  # row id -> when; None: nothing read yet
         self._rounds = 0
+        self._publishing = threading.Lock()
         self.published = 0  # arrivals this replica published / took in (tests, benches)
         self.taken_in = 0
+
+    def flush(self) -> None:
+        """Blocking: publish what is left, at a graceful stop, so the other replicas count
+        the calls this one answered in its last interval (a SIGKILL loses them)."""
+        self._publish()
 
     async def run(self) -> None:
         while True:
@@ -70,42 +93,53 @@ class TrafficShare:
             await asyncio.sleep(self.interval_s)
 
     def step(self) -> None:
-        """One round, blocking: publish (follower) or take in (leader)."""
-        if self._leading():
-            self._published_to = None
-            self._take_in()
-        else:
-            self._taken = None
+        """One round, blocking: publish what this replica answered, take in the others'."""
+        try:
             self._publish()
+        finally:  # a database that refuses the insert may still answer the read
+            self._take_in()
+            self._rounds += 1
+            if self._rounds % PURGE_EVERY == 0 and self._leading():
+                self._store.purge(self._traffic.config.window_s + PURGE_MARGIN_S)
 
     def _publish(self) -> None:
-        now = self._clock()
-        since = self._published_to
-        if since is None:
-            self._published_to = now
-            return  # just started following: what the window holds came from elsewhere too
-        fresh: dict[str, list[Arrival]] = {}
-        for model in self._traffic.models():
-            new = self._traffic.requests_since(model, since)
-            fresh[model] = [(now - t, p, o) for t, p, o in new if t <= now]
-        self._store.publish(self._identity, fresh)  # a failure publishes them next round
-        self._published_to = now
-        self.published += sum(len(a) for a in fresh.values())
+        with self._publishing:  # a stop's flush and a round cut short by it, one at a time
+            self._publish_locked()
+
+    def _publish_locked(self) -> None:
+        for _ in range(2):  # the publication a failed round left, then what came since
+            if self._pending is None:
+                own = self._traffic.take_own_arrivals()
+                if not own:
+                    return
+                fresh: dict[str, list[Timed]] = {}
+                for model, t, p, o in own:
+                    fresh.setdefault(model, []).append((t, p, o))
+                self._batch += 1
+                self._pending = fresh
+            now = self._clock()  # ages as of this attempt: a retry still places them right
+            ages = {
+                model: [(max(0.0, now - t), p, o) for t, p, o in arrivals]
+                for model, arrivals in self._pending.items()
+            }
+            self._store.publish(self._identity, self._batch, ages)  # raises: retried next round
+            self.published += sum(len(a) for a in ages.values())
+            self._pending = None
 
     def _take_in(self) -> None:
         window = self._traffic.config.window_s
         now = self._clock()
-        if self._taken is None:  # just elected: read back over the whole window
-            self._taken, look_back = {}, window
+        if self._taken is None:  # first round: read back over the whole window
+            taken: dict[int, float] = {}
+            look_back = window
         else:
+            taken = {i: t for i, t in self._taken.items() if now - t < 2 * LOOKBACK_S}
             look_back = LOOKBACK_S
-            self._taken = {i: t for i, t in self._taken.items() if now - t < 2 * LOOKBACK_S}
-        for row in self._store.since(self._identity, look_back, self._taken.keys()):
+        rows = self._store.since(self._identity, look_back, taken.keys())
+        for row in rows:
             at = now - row.age_s
             self.taken_in += self._traffic.observe_requests_at(
                 row.model, ((at - age, p, o) for age, p, o in row.arrivals if math.isfinite(age))
             )
-            self._taken[row.id] = now
-        self._rounds += 1
-        if self._rounds % PURGE_EVERY == 0:
-            self._store.purge(window + PURGE_MARGIN_S)
+            taken[row.id] = now
+        self._taken = taken

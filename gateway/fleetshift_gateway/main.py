@@ -102,6 +102,12 @@ def parser() -> argparse.ArgumentParser:
         "(`fleetshift certs issue-router DIR NAME`)",
     )
     p.add_argument("--daemon-key", default="", help="the private key of --daemon-cert")
+    p.add_argument(
+        "--daemon-tls-name",
+        default="",
+        help="with a replica list: the name every replica's certificate carries (default: the "
+        "first replica's host)",
+    )
     return p
 
 
@@ -122,7 +128,7 @@ def daemon_channel(
     args: argparse.Namespace, creds: grpc.ChannelCredentials | None
 ) -> grpc.aio.Channel:
     """One daemon, or every replica of a comma-separated list on one channel that fails over."""
-    return aio_daemon_channel(args.daemon, MAX_MESSAGE_BYTES, creds)
+    return aio_daemon_channel(args.daemon, MAX_MESSAGE_BYTES, creds, args.daemon_tls_name)
 
 
 def load_models(args: argparse.Namespace) -> dict[str, ModelTokenizer]:

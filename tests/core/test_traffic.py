@@ -107,3 +107,25 @@ def test_all_stats_covers_every_model_seen() -> None:
     mon.observe_request("b", 20, 2)
     assert set(mon.all_stats()) == {"a", "b"}
     assert mon.all_stats()["b"].prompt.mean == 20
+
+
+def test_own_arrivals_are_handed_out_once_and_never_what_was_merged() -> None:
+    """What a daemon replica publishes: the requests it answered itself (after the window's
+    bounds), each once, in order; never the arrivals it merged from other replicas, which
+    would come back to their own publisher and be counted twice."""
+    clock = ManualClock(1000.0)
+    mon = TrafficMonitor(clock, TrafficConfig(window_s=60, max_requests=3))
+    mon.set_context_limits({"m": 1000})
+    mon.observe_request("m", 10, 1)  # before keep_own_arrivals: a sole daemon keeps nothing
+    assert mon.take_own_arrivals() == []
+    mon.keep_own_arrivals()
+    mon.observe_request("m", 20, 5000)  # output clipped to the context, as in the window
+    mon.observe_request("m", 2000, 1)  # beyond the context: neither counted nor published
+    clock.advance(1)
+    mon.observe_requests_at("m", [(1000.5, 30, 3.0)])  # another replica's: not ours to send
+    mon.observe_request("n", 40, 4)
+    assert mon.take_own_arrivals() == [("m", 1000.0, 20, 980.0), ("n", 1001.0, 40, 4.0)]
+    assert mon.take_own_arrivals() == []  # handed out once
+    for i in range(5):  # nobody took them for longer than max_requests: the oldest go
+        mon.observe_request("m", 100 + i, 1)
+    assert [p for _, _, p, _ in mon.take_own_arrivals()] == [102, 103, 104]

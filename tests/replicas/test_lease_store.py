@@ -181,14 +181,14 @@ def test_a_second_daemon_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_route_arrivals_travel_as_ages_and_a_deposed_leader_cannot_purge(engine: Engine) -> None:
-    """What followers publish reaches the leader once, without its own rows, aged on the
-    database's clock; dropping old rows is the leader's (fenced) decision."""
+    """What a replica publishes reaches another once, without the reader's own rows, aged on
+    the database's clock; dropping old rows is the leader's (fenced) decision."""
     leases = SqlLeaseStore(engine)
     old = leases.acquire("a", "a:1", ttl_s=0).token
     new = leases.acquire("b", "b:1", ttl_s=60).token
     store = SqlArrivalStore(engine)
-    store.publish("follower", {"m": [(0.5, 100, 20.0), (0.1, 7, 3.0)], "idle": []})
-    store.publish("b", {"m": [(0.0, 1, 1.0)]})  # the reader's own row
+    store.publish("follower", 1, {"m": [(0.5, 100, 20.0), (0.1, 7, 3.0)], "idle": []})
+    store.publish("b", 1, {"m": [(0.0, 1, 1.0)]})  # the reader's own row
     [row] = store.since("b", max_age_s=300)
     assert (row.replica, row.model) == ("follower", "m")
     assert row.arrivals == ((0.5, 100, 20.0), (0.1, 7, 3.0)) and 0 <= row.age_s < 30
@@ -198,3 +198,22 @@ def test_route_arrivals_travel_as_ages_and_a_deposed_leader_cannot_purge(engine:
     assert len(store.since("", max_age_s=300)) == 2
     assert SqlArrivalStore(engine, fence=lambda: new).purge(older_than_s=-60) == 2
     assert store.since("", max_age_s=300) == []
+
+
+def test_a_retried_publication_is_written_once(engine: Engine) -> None:
+    """A publication whose commit landed although the call failed (the connection dropped
+    before the answer) is sent again under the same number: the database refuses the copy,
+    and a reader counts those arrivals once. Another number, or another replica's, goes in."""
+    store = SqlArrivalStore(engine)
+    first = {"m": [(0.5, 100, 20.0)], "n": [(0.2, 5, 1.0)]}
+    assert store.publish("a", 7, first) is True
+    assert store.publish("a", 7, {"m": [(1.5, 100, 20.0)], "n": [(1.2, 5, 1.0)]}) is False
+    assert store.publish("a", 8, {"m": [(0.1, 9, 9.0)]}) is True
+    assert store.publish("b", 7, {"m": [(0.1, 9, 9.0)]}) is True
+    rows = store.since("reader", max_age_s=300)
+    assert sorted((r.replica, r.model, r.arrivals) for r in rows) == [
+        ("a", "m", ((0.1, 9, 9.0),)),
+        ("a", "m", ((0.5, 100, 20.0),)),
+        ("a", "n", ((0.2, 5, 1.0),)),
+        ("b", "m", ((0.1, 9, 9.0),)),
+    ]

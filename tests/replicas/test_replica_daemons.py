@@ -304,7 +304,8 @@ async def test_the_leader_plans_on_the_arrivals_every_replica_answered(
     tmp_path: Path, pg_url: str
 ) -> None:
     """Route calls answered by a follower reach the leader's traffic window (the planner's
-    input), at the times they arrived; the follower's own window keeps only its own."""
+    input), at the times they arrived, and the leader's reach the follower's (which a new
+    leader would plan on); each window counts each call once."""
     async with serving_pair(tmp_path, pg_url, REPLICAS) as (leader, follower):
         await add_worker(leader)
         assert follower.workers is not None and leader.placement is not None
@@ -316,11 +317,37 @@ async def test_the_leader_plans_on_the_arrivals_every_replica_answered(
                     request = ppb.RouteRequest(model="m70", prompt_tokens=100)
                     await ppb_grpc.PlacementStub(ch).Route(request, timeout=5)
         ended = time.time()
-        await until(lambda: requests_seen(leader) == 40, timeout_s=15)
+        await until(lambda: requests_seen(leader) == requests_seen(follower) == 40, 15)
         await asyncio.sleep(2 * 1.0)  # two more rounds: nothing is taken in twice
-        assert requests_seen(leader) == 40 and requests_seen(follower) == 30
-        times = leader.placement.traffic.arrivals("m70")[0]
-        assert list(times) == sorted(times)  # merged in time order
-        assert began - 0.5 < times.min() and times.max() < ended + 0.5  # at their own times
-        stats = leader.placement.traffic.stats("m70")
-        assert stats.requests == 40 and stats.prompt.mean == 100
+        assert requests_seen(leader) == 40 and requests_seen(follower) == 40
+        for daemon in (leader, follower):
+            assert daemon.placement is not None
+            times = daemon.placement.traffic.arrivals("m70")[0]
+            assert list(times) == sorted(times)  # merged in time order
+            assert began - 0.5 < times.min() and times.max() < ended + 0.5  # at their own times
+            stats = daemon.placement.traffic.stats("m70")
+            assert stats.requests == 40 and stats.prompt.mean == 100
+
+
+async def test_a_leader_stopped_gracefully_leaves_its_last_calls_to_the_next(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """Route calls a leader answered just before a graceful stop (its periodic publication
+    set far off here, so only the stop can publish them) are in the window of the replica
+    that takes over, once."""
+    async with serving_pair(tmp_path, pg_url, REPLICAS) as (leader, follower):
+        await add_worker(leader)
+        assert follower.workers is not None and leader.traffic_share is not None
+        await until(lambda: follower.workers.find("w1") is not None)
+        leader.traffic_share.interval_s = 600.0
+        await asyncio.sleep(1.5)  # the round under way ends; the next is ten minutes off
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{leader.port}") as ch:
+            for _ in range(10):
+                request = ppb.RouteRequest(model="m70", prompt_tokens=100)
+                await ppb_grpc.PlacementStub(ch).Route(request, timeout=5)
+        await leader.stop(grace_s=0.1)
+        leader.server = None  # stopped: the fixture leaves it
+        await until(lambda: bool(follower.leadership and follower.leadership.acting()))
+        await until(lambda: requests_seen(follower) == 10, timeout_s=10)
+        await asyncio.sleep(2 * 1.0)  # more rounds: nothing is taken in twice
+        assert requests_seen(follower) == 10

@@ -62,7 +62,7 @@ def open_channel(args: argparse.Namespace) -> grpc.Channel:
     if not args.ca:
         return sync_daemon_channel(args.daemon)
     creds = client_credentials(args.ca, args.cert, args.key, args.token)
-    return sync_daemon_channel(args.daemon, credentials=creds)
+    return sync_daemon_channel(args.daemon, credentials=creds, tls_name=args.tls_name)
 
 
 def _operator(args: argparse.Namespace) -> tuple[grpc.Channel, pb_grpc.FleetOperatorStub]:
@@ -335,6 +335,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--token", default=env("FLEETSHIFT_TOKEN", ""), help="bearer token (env FLEETSHIFT_TOKEN)"
+    )
+    parser.add_argument(
+        "--tls-name",
+        default=env("FLEETSHIFT_TLS_NAME", ""),
+        help="the name every replica's certificate carries; default: the first replica's host "
+        "(env FLEETSHIFT_TLS_NAME)",
     )
     sub = parser.add_subparsers(
         dest="command",

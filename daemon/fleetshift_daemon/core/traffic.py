@@ -120,6 +120,9 @@ class TrafficMonitor:
         self._models: dict[str, _ModelWindow] = {}
         self._lock = threading.Lock()
         self._context_tokens: dict[str, int] = {}
+        # What observe_request took in since the last take_own_arrivals, in order, each
+        # (model, time, prompt, output); None until keep_own_arrivals (a sole daemon).
+        self._own: deque[tuple[str, float, int, float]] | None = None
 
     def set_context_limits(self, context_tokens: dict[str, int]) -> None:
         """Each model's context length; a model not named is held to MAX_CONTEXT_TOKENS."""
@@ -156,6 +159,28 @@ class TrafficMonitor:
             w = self._window(model)
             w.requests.append((now, *bounded))
             self._evict(w, now)
+            if self._own is not None:
+                self._own.append((model, now, *bounded))
+
+    def keep_own_arrivals(self) -> None:
+        """From now on keep every request ``observe_request`` takes in (what this process
+        answered itself, not what ``observe_requests_at`` merged) for ``take_own_arrivals``.
+        A daemon replica publishes them, so every other replica counts each exactly once
+        (docs/replicas.md). Bounded like a window: when nobody takes them for longer than
+        ``max_requests`` requests, the oldest are dropped."""
+        with self._lock:
+            if self._own is None:
+                self._own = deque(maxlen=self._config.max_requests)
+
+    def take_own_arrivals(self) -> list[tuple[str, float, int, float]]:
+        """The requests observed here since the last call, oldest first, each ``(model,
+        time, prompt, output)`` after the window's bounds; each is handed out once."""
+        with self._lock:
+            if not self._own:
+                return []
+            own = list(self._own)
+            self._own.clear()
+        return own
 
     def observe_requests_at(self, model: str, arrivals: Iterable[tuple[float, int, float]]) -> int:
         """Requests another daemon replica routed, each ``(time on this clock, prompt,
@@ -246,22 +271,6 @@ class TrafficMonitor:
             self._evict(w, now)
             reqs = np.array(w.requests, dtype=float).reshape(-1, 3)
         return reqs[:, 0], reqs[:, 1], reqs[:, 2]
-
-    def requests_since(self, model: str, since: float) -> list[tuple[float, int, float]]:
-        """The window's requests of ``model`` that arrived after ``since``, oldest first: what
-        a follower replica publishes each round. O(those requests), not O(window), since it
-        runs every second beside the Route calls that share the lock."""
-        with self._lock:
-            w = self._models.get(model)
-            if w is None:
-                return []
-            out = []
-            for row in reversed(w.requests):
-                if row[0] <= since:
-                    break
-                out.append(row)
-        out.reverse()
-        return out
 
     def models(self) -> tuple[str, ...]:
         with self._lock:

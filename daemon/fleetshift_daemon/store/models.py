@@ -16,6 +16,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     String,
@@ -162,13 +163,20 @@ class RouteArrivalRow(Base):
     """One replica's Route arrivals of one model over one publishing interval (migration
     0005_fs17). ``payload`` is ``[[age_s, prompt_tokens, output_tokens], ...]``, each age
     counted back from ``created_at`` (the database's clock), so no two hosts' clocks are
-    compared; the leader folds other replicas' rows into its traffic window
-    (``traffic_share.py``)."""
+    compared; every replica, leader included, publishes what it answered and folds the other
+    replicas' rows into its traffic window (``traffic_share.py``)."""
 
     __tablename__ = "route_arrivals"
+    # A replica numbers its publications; a retried one (its first attempt's commit may have
+    # landed although the call failed) is refused as a duplicate instead of counted twice
+    # (migration 0006_fs17f). Rows written before it have no number (NULLs never collide).
+    __table_args__ = (
+        Index("ux_route_arrivals_replica_batch", "replica", "batch", "model", unique=True),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     replica: Mapped[str] = mapped_column(String(128))
     model: Mapped[str] = mapped_column(String(256))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     payload: Mapped[list[list[float]]] = mapped_column(JSON)
+    batch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

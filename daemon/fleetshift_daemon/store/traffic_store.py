@@ -1,10 +1,11 @@
 """SQL side of sharing Route arrivals between daemon replicas (``traffic_share.py``).
 
 Each replica answers a share of the Route calls and records them in its own traffic window; the
-leader's planner must see all of them. Followers publish what they answered, one row per model
-per interval; the leader reads the rows it has not seen yet. Times travel as ages counted back
-from the row's ``created_at``, stamped by the database's own clock (as the lease's expiry is),
-so a follower's clock and the leader's are never compared.
+leader's planner must see all of them, and so must a follower that becomes leader. Every
+replica publishes what it answered itself, one row per model per interval, numbered so a retry
+never lands twice; every replica reads the rows of the others it has not seen yet. Times
+travel as ages counted back from the row's ``created_at``, stamped by the database's own clock
+(as the lease's expiry is), so two replicas' clocks are never compared.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, delete, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.sql import ColumnElement
 
@@ -42,12 +44,17 @@ class SqlArrivalStore:
     def _now(self) -> ColumnElement[Any]:
         return database_now(self._engine)
 
-    def publish(self, replica: str, by_model: Mapping[str, Sequence[Arrival]]) -> None:
-        """One row per model: ``(age_s, prompt, output)`` with ages counted back from now.
+    def publish(self, replica: str, batch: int, by_model: Mapping[str, Sequence[Arrival]]) -> bool:
+        """Publication number ``batch`` of ``replica``: one row per model, ``(age_s, prompt,
+        output)`` with ages counted back from now. Idempotent: every row of a publication goes
+        in one transaction, so when the unique ``(replica, batch, model)`` refuses one, that
+        publication landed whole before (a retry after a failure reported past its commit),
+        and nothing is written twice. Returns whether this call wrote it.
         Not fenced: like a registration, it is a statement of what this replica saw."""
         rows = [
             {
                 "replica": replica,
+                "batch": batch,
                 "model": model,
                 "created_at": self._now(),
                 "payload": [[round(a, 4), p, o] for a, p, o in arrivals],
@@ -56,10 +63,24 @@ class SqlArrivalStore:
             if arrivals
         ]
         if not rows:
-            return
-        with self._sessions.begin() as session:
-            for row in rows:
-                session.add(RouteArrivalRow(**row))
+            return False
+        try:
+            with self._sessions.begin() as session:
+                for row in rows:
+                    session.add(RouteArrivalRow(**row))
+        except IntegrityError:
+            if not self._landed(replica, batch):
+                raise
+            return False
+        return True
+
+    def _landed(self, replica: str, batch: int) -> bool:
+        row = RouteArrivalRow
+        with self._sessions() as session:
+            found = session.execute(
+                select(row.id).where(row.replica == replica, row.batch == batch).limit(1)
+            ).first()
+        return found is not None
 
     def since(
         self, other_than: str, max_age_s: float, skip: Collection[int] = ()

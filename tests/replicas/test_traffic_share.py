@@ -1,0 +1,123 @@
+"""Route arrivals shared between daemon replicas, on real SQLite and PostgreSQL.
+
+Each replica is a real ``TrafficMonitor`` (what Route feeds and the planner and GetTrafficMix
+read) with its real ``TrafficShare`` on one database; the test plays their rounds in turn. What
+must hold, whoever leads: every replica's window is the union of what each replica answered,
+each arrival exactly once, and it stays so across a change of leader and a restart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
+
+from fleetshift_daemon.core.traffic import TrafficConfig, TrafficMonitor
+from fleetshift_daemon.store.database import make_engine, upgrade
+from fleetshift_daemon.store.lease_store import SqlLeaseStore
+from fleetshift_daemon.store.traffic_store import SqlArrivalStore
+from fleetshift_daemon.traffic_share import TrafficShare
+
+
+@pytest.fixture
+def engine(db_url: str) -> Engine:
+    engine = make_engine(db_url)
+    upgrade(engine)
+    return engine
+
+
+class Replica:
+    def __init__(
+        self,
+        engine: Engine,
+        name: str,
+        leader: list[str],
+        token: list[int],
+        store: SqlArrivalStore | None = None,
+    ) -> None:
+        self.name = name
+        self.traffic = TrafficMonitor(time.time, TrafficConfig(window_s=300))
+        if store is None:
+            store = SqlArrivalStore(engine, fence=lambda: token[0] if leader[0] == name else None)
+        self.share = TrafficShare(self.traffic, store, name, lambda: leader[0] == name, time.time)
+
+    def answer(self, prompts: Iterable[int]) -> list[int]:
+        """Route calls this replica answers: the prompt length tells them apart."""
+        out = list(prompts)
+        for p in out:
+            self.traffic.observe_request("m", p, 1.0)
+        return out
+
+    def window(self) -> list[int]:
+        return sorted(int(p) for p in self.traffic.arrivals("m")[1])
+
+
+def rounds(replicas: Sequence[Replica], n: int = 1) -> None:
+    for _ in range(n):
+        for r in replicas:
+            r.share.step()
+
+
+def test_a_new_leader_counts_every_replicas_arrivals_exactly_once(engine: Engine) -> None:
+    leases = SqlLeaseStore(engine)
+    leader, token = ["a"], [leases.acquire("a", "a:1", ttl_s=60).token]
+    a, b, c = (Replica(engine, n, leader, token) for n in "abc")
+    rounds([a, b, c])  # the daemons have started
+    answered = a.answer(range(1000, 1010)) + b.answer(range(2000, 2030))
+    answered += c.answer(range(3000, 3005))
+    rounds([a, b, c], 3)  # several rounds: nothing is taken in twice
+    assert a.window() == sorted(answered)  # steady state: the leader plans on every arrival
+    answered += a.answer(range(1010, 1015))  # the leader's last calls before it dies ...
+    a.share.step()  # ... reach the database at its last round
+    lost = a.answer(range(1015, 1017))  # answered after its last round: gone with it
+    # a is SIGKILLed; b takes the lease
+    leader[0], token[0] = "b", leases.acquire("b", "b:1", ttl_s=60).token
+    answered += b.answer(range(2030, 2033)) + c.answer(range(3005, 3007))
+    rounds([b, c], 3)
+    assert b.window() == sorted(answered)  # the new leader: every arrival, each once
+    assert not set(lost) & set(b.window())
+    assert c.window() == b.window()  # a follower shows the same (GetTrafficMix on any replica)
+    # a restarted process is a new replica with an empty window: it reads its former
+    # self's rows like anyone else's, and counts its own calls once
+    a2 = Replica(engine, "a2", leader, token)
+    answered += a2.answer([4000])
+    rounds([a2, b, c], 2)
+    assert a2.window() == b.window() == c.window() == sorted(answered)
+    # and the times are the times the calls were answered, not when they were read
+    times = b.traffic.arrivals("m")[0]
+    assert list(times) == sorted(times) and time.time() - times.min() < 60
+
+
+class CommitsThenFails(SqlArrivalStore):
+    """The connection drops after the database committed a publication, before it answered."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.fail_next = True
+        self.wrote: list[bool] = []
+
+    def publish(self, *args: Any, **kw: Any) -> bool:
+        wrote = super().publish(*args, **kw)
+        self.wrote.append(wrote)
+        if self.fail_next:
+            self.fail_next = False
+            raise OperationalError("COMMIT", None, ConnectionError("connection lost"))
+        return wrote
+
+
+def test_a_publication_retried_after_its_commit_is_counted_once(engine: Engine) -> None:
+    leader, token = ["b"], [SqlLeaseStore(engine).acquire("b", "b:1", ttl_s=60).token]
+    store = CommitsThenFails(engine)
+    a, b = Replica(engine, "a", leader, token, store), Replica(engine, "b", leader, token)
+    answered = a.answer(range(100, 105))
+    with pytest.raises(OperationalError):
+        a.share.step()  # landed, but a does not know: it sends the same publication again
+    answered += a.answer(range(105, 108))
+    rounds([a, b], 2)
+    assert b.window() == sorted(answered)
+    assert store.wrote == [True, False, True]  # the copy was refused, the next one written
+    assert a.share.published == 8
