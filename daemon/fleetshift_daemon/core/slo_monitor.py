@@ -328,7 +328,8 @@ class SloMonitor:
 
         A role change off a pool is a retirement from that phase, and a retirement needs
         evidence of margin, not the absence of evidence of a miss: the pool's own latency
-        (TTFT for prefill, TBT for decode) meets the target in the latest round, none of its
+        (TTFT for prefill, TBT for decode) meets the target in the latest round (a pool that
+        finished nothing holds nothing back: as for ``retire_ok``, it misses nothing), none of its
         workers waits behind a full KV, its queue is not growing over the growth test's
         horizon (which must be fully observed), and the KV it holds would still fit, below
         ``kv_full_fraction``, on the workers that stay (the largest leave first)."""
@@ -337,7 +338,7 @@ class SloMonitor:
             return 0
         pool = [s for s in _latest_per_worker(state.rounds).values() if s.role is role]
         share = _weighted(pool, slo)
-        if share is None or share < cfg.target:
+        if share is not None and share < cfg.target:  # none measured: an idle pool misses nothing
             return 0
         if any(s.memory_bound(cfg.kv_full_fraction) for s in pool):
             return 0
