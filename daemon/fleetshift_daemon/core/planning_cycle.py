@@ -420,11 +420,27 @@ class PlanningCycle:
         ``risk_demand_factor`` times the larger of its sized need and what the current
         placement carries (by the model); without a measured miss the
         model's own shortfall stands and only its starts are taken. Nothing that takes
-        capacity away (a stop, a move, a role change off the short phase) is in it."""
+        capacity away (a stop, a move, a role change off the short phase) is in it.
+
+        On an owned fleet (the worker floor keeps every worker) nothing can be started, so
+        the plan is role changes only, and a role change brings no capacity back: it moves a
+        worker from one phase to the other at the price of a pause. There each is kept only
+        where the measurements vouch for both sides of the trade (``_within_spare``): the
+        risk lies in one phase, and the pool that gives the worker has measured spare
+        (``SloAssessment.prefill_spare``, ``decode_spare``: its own latency within target,
+        no worker waiting on a full KV, its queue not growing over a fully observed horizon,
+        its KV fitting on the workers that stay). An owned fleet saturated in both phases
+        has no such pool; re-roling it on every "at risk" traded one shortage for the other
+        at each pass (issue 11: 16-23 moves on Mooncake at x4, half the goodput of none), so
+        its roles are left to the gated path, which weighs a re-role's gain against its
+        cost. A fleet that can start workers keeps the role changes of its capacity plan:
+        the rule cost its cost-mode runs up to 3 points of SLO on the tuning rows."""
         if not risky:
             return _only(plan, lambda m: m.kind is MoveKind.START)
         demand = dict(inp.demand)
         short: set[Phase] = set()
+        owned = _floor_bound(inp, current)
+        spare = {name: _spare_counts(a) for name, a in risky.items() if name in owned}
         # The model already thought the placement enough (it may carry many times the demand
         # on paper), so the short phase is sized from what the placement carries, not from
         # the demand alone.
@@ -452,7 +468,8 @@ class PlanningCycle:
         more = self._planner.solve(boosted, current)
         capacity = build_plan(self._planner, self._perf, boosted, current, more, self._costs)
         starts = replace(capacity, moves=tuple(_kept_source(m) for m in capacity.moves))
-        return _only(starts, lambda m: _adds(m, short))
+        adding = _only(starts, lambda m: _adds(m, short))
+        return replace(adding, moves=_within_spare(adding.moves, short, spare))
 
 
 _SERVES = {
@@ -473,6 +490,48 @@ def _adds(m: Move, short: set[Phase]) -> bool:
         return False
     before, after = _SERVES[m.source.role] & short, _SERVES[m.target.role] & short
     return before <= after and bool(after - before)
+
+
+def _floor_bound(inp: PlanningInput, current: Placement) -> set[str]:
+    """Models whose worker floor keeps every worker they have (an owned fleet)."""
+    counts: dict[str, int] = {}
+    for w in current.workers:
+        counts[w.model] = counts.get(w.model, 0) + 1
+    return {
+        m.arch.name
+        for m in inp.models
+        if m.min_workers > 0 and counts.get(m.arch.name, 0) <= m.min_workers
+    }
+
+
+def _spare_counts(a: SloAssessment) -> dict[Phase, int]:
+    """How many workers each phase may give to the other: none unless the measurements put
+    the risk on one phase only; then the other phase's measured spare (``SloAssessment``)."""
+    if not a.one_phase_short:
+        return {}
+    if a.prefill_short:
+        return {Phase.DECODE: a.decode_spare}
+    return {Phase.PREFILL: a.prefill_spare}
+
+
+def _within_spare(
+    moves: tuple[Move, ...], short: set[Phase], spare: Mapping[str, dict[Phase, int]]
+) -> tuple[Move, ...]:
+    """``moves`` less the role changes ``spare`` does not cover: for each model in ``spare``
+    (an owned fleet at risk), a role change is kept, in plan order, while every phase its
+    worker leaves can still spare one more worker. Starts and other models' moves pass."""
+    left = {name: dict(counts) for name, counts in spare.items()}
+    kept = []
+    for m in moves:
+        if m.kind is MoveKind.ROLE_CHANGE and m.source is not None and m.model in left:
+            counts = left[m.model]
+            leaves = _SERVES[m.source.role] - short
+            if not all(counts.get(p, 0) > 0 for p in leaves):
+                continue
+            for p in leaves:
+                counts[p] -= 1
+        kept.append(m)
+    return tuple(kept)
 
 
 def _kept_source(m: Move) -> Move:

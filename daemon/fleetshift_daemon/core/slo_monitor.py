@@ -160,6 +160,9 @@ class SloAssessment:
     decode_queue_growing: bool = False
     memory_bound: bool = False  # some worker has requests queued behind a full KV
     handoff_blocked: bool = False  # ... and it is a split worker (hand-offs wait on memory)
+    # how many workers the prefill and the decode pool can each spare (see ``_pool_spare``)
+    prefill_spare: int = 0
+    decode_spare: int = 0
 
     @property
     def prefill_short(self) -> bool:
@@ -177,6 +180,11 @@ class SloAssessment:
         or requests wait behind a full KV."""
         tbt_miss = self.tbt_current is not None and self.tbt_current < self.target
         return tbt_miss or self.decode_queue_growing or self.memory_bound
+
+    @property
+    def one_phase_short(self) -> bool:
+        """The measurements attribute the risk to exactly one phase."""
+        return self.prefill_short != self.decode_short
 
     @property
     def gap(self) -> float:
@@ -311,23 +319,65 @@ class SloMonitor:
             grow_d,
             bool(full),
             split_full,
+            self._pool_spare(state, Role.PREFILL, ttft_slo),
+            self._pool_spare(state, Role.DECODE, tbt_slo),
         )
+
+    def _pool_spare(self, state: _ModelState, role: Role, slo: SloThresholds) -> int:
+        """How many workers the pool of ``role`` workers has measured margin to give away.
+
+        A role change off a pool is a retirement from that phase, and a retirement needs
+        evidence of margin, not the absence of evidence of a miss: the pool's own latency
+        (TTFT for prefill, TBT for decode) meets the target in the latest round (a pool that
+        finished nothing holds nothing back: as for ``retire_ok``, it misses nothing), none of its
+        workers waits behind a full KV, its queue is not growing over the growth test's
+        horizon (which must be fully observed), and the KV it holds would still fit, below
+        ``kv_full_fraction``, on the workers that stay (the largest leave first)."""
+        cfg = self._cfg
+        if len(state.rounds) < cfg.queue_growth_rounds + 1:
+            return 0
+        pool = [s for s in _latest_per_worker(state.rounds).values() if s.role is role]
+        share = _weighted(pool, slo)
+        if share is not None and share < cfg.target:  # none measured: an idle pool misses nothing
+            return 0
+        if any(s.memory_bound(cfg.kv_full_fraction) for s in pool):
+            return 0
+        queue = self._totals(state, lambda s: s.queue_depth if s.role is role else 0)
+        if self._growing(queue, cfg.queue_floor):
+            return 0
+        used = sum(s.kv_used_tokens for s in pool)
+        room = sorted((s.kv_total_tokens for s in pool), reverse=True)
+        spare = 0
+        while spare < len(room) and used <= cfg.kv_full_fraction * sum(room[spare + 1 :]):
+            spare += 1
+        return spare
 
     def _queue_growing(self, state: _ModelState, counted: Callable[[LatencySample], bool]) -> bool:
         """The summed queue of the workers ``counted`` picks (each worker's latest report as
         of each round) rose in each of the last rounds and ended well above where the rise
         started."""
-        cfg = self._cfg
+        totals = self._totals(state, lambda s: s.queue_depth if counted(s) else 0)
+        return self._growing(totals, self._cfg.queue_floor)
+
+    @staticmethod
+    def _totals(state: _ModelState, value: Callable[[LatencySample], int]) -> list[int]:
+        """Per round, ``value`` summed over each worker's latest report as of that round."""
         seen: dict[str, int] = {}
         totals: list[int] = []
         for r in state.rounds:
-            seen.update({w: s.queue_depth if counted(s) else 0 for w, s in r.samples.items()})
+            seen.update({w: value(s) for w, s in r.samples.items()})
             totals.append(sum(seen.values()))
+        return totals
+
+    def _growing(self, totals: list[int], floor: int) -> bool:
+        """Rose in each of the last ``queue_growth_rounds`` rounds and ended at least
+        ``queue_growth_factor`` above where the rise started (and above ``floor``)."""
+        cfg = self._cfg
         hist = totals[-(cfg.queue_growth_rounds + 1) :]
-        if len(hist) < cfg.queue_growth_rounds + 1 or hist[-1] <= cfg.queue_floor:
+        if len(hist) < cfg.queue_growth_rounds + 1 or hist[-1] <= floor:
             return False
         rising = all(b > a for a, b in itertools.pairwise(hist))
-        return rising and hist[-1] >= cfg.queue_growth_factor * max(hist[0], cfg.queue_floor)
+        return rising and hist[-1] >= cfg.queue_growth_factor * max(hist[0], floor)
 
 
 def _latest_per_worker(rounds: Iterable[_Round]) -> dict[str, LatencySample]:

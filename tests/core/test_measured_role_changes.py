@@ -1,0 +1,177 @@
+"""The measured loop on an owned fleet: a role change only where one phase can spare it.
+
+An owned fleet (every node serves; the planner only picks roles) has no capacity to bring
+back when the SLO is at risk, only workers to move between phases, and each move pauses a
+worker. Moving one to the short phase is right when the other phase has measured room to
+give; when both phases are saturated it only trades one shortage for the other, and the
+next "at risk" trades it back (issue 11: 16-23 moves on Mooncake at x4 against 5, half the
+goodput). These tests drive the daemon's planning cycle with heartbeats as an operator's
+fleet would send them and look at what the measured loop proposes.
+"""
+
+from __future__ import annotations
+
+from fleetshift_daemon.core.gpus import H100_SXM, H200_SXM
+from fleetshift_daemon.core.perfmodel import Dtype, PerfModel, llama2_70b
+from fleetshift_daemon.core.planner import (
+    ModelDemand,
+    ModelSpec,
+    NodeCapacity,
+    PlacedWorker,
+    Placement,
+    Planner,
+    PlanningInput,
+    SloTarget,
+    planning_input,
+)
+from fleetshift_daemon.core.planning_cycle import CycleReport, PlanningCycle
+from fleetshift_daemon.core.plans import Hysteresis, HysteresisConfig, MoveKind
+from fleetshift_daemon.core.routing import Role
+from fleetshift_daemon.core.slo_monitor import LatencySample, SloMonitor
+
+from ..clock import ManualClock
+
+M70 = "llama2-70b"
+NODES = [NodeCapacity(f"h100-{i}", H100_SXM, 8) for i in range(3)] + [
+    NodeCapacity(f"h200-{i}", H200_SXM, 8) for i in range(3)
+]
+PREFILL = ["h100-0", "h100-1", "h100-2"]
+DECODE = ["h200-0", "h200-1", "h200-2"]
+KV = 1_000_000  # tokens of KV per worker, as the heartbeat reports them
+
+
+def _owned(rate: float, prompt: float, output: float) -> PlanningInput:
+    """Every node serves (``min_workers`` = all of them): only roles can change."""
+    return planning_input(
+        NODES,
+        [ModelSpec(llama2_70b(), tp_options=(8,), min_workers=len(NODES))],
+        [ModelDemand(M70, rate, prompt, output)],
+        default_slo=SloTarget(2000, 100),
+    )
+
+
+def _split() -> Placement:
+    def worker(n: str, role: Role) -> PlacedWorker:
+        return PlacedWorker(M70, role, n.split("-")[0].upper() + "-SXM", 8, Dtype.BF16, n, n)
+
+    return Placement(
+        tuple(worker(n, Role.PREFILL) for n in PREFILL)
+        + tuple(worker(n, Role.DECODE) for n in DECODE)
+    )
+
+
+def _cycle(clock: ManualClock, monitor: SloMonitor) -> PlanningCycle:
+    perf = PerfModel()
+    gate = Hysteresis(clock, HysteresisConfig(threshold=0.05, hold_s=300.0, min_hold_s=300.0))
+    return PlanningCycle(Planner(perf), perf, gate, clock=clock, slo_monitor=monitor)
+
+
+def _heartbeat(
+    monitor: SloMonitor,
+    *,
+    ttft_p99: float,
+    prompt_queue: int,
+    tbt_p99: float,
+    handoffs: int,
+    decode_kv: int,
+) -> None:
+    """One round of reports: the prefill pool (TTFT, prompts waiting) and the decode pool
+    (TBT, hand-offs waiting for KV, the KV it holds)."""
+    monitor.observe(
+        [
+            LatencySample(
+                n,
+                M70,
+                ttft_p99 / 3,
+                ttft_p99,
+                0.0,
+                0.0,
+                prompt_queue,
+                prompt_queue,
+                Role.PREFILL,
+                0,
+                KV,
+            )
+            for n in PREFILL
+        ]
+        + [
+            LatencySample(
+                n,
+                M70,
+                0.0,
+                0.0,
+                tbt_p99 / 3,
+                tbt_p99,
+                handoffs,
+                32 + handoffs,
+                Role.DECODE,
+                decode_kv,
+                KV,
+            )
+            for n in DECODE
+        ]
+    )
+
+
+def _role_changes(report: CycleReport) -> list[str]:
+    if not (report.decision.propose and "at risk" in report.decision.reason):
+        return []
+    return [m.reason for m in report.plan.moves if m.kind is MoveKind.ROLE_CHANGE]
+
+
+def test_an_owned_fleet_saturated_in_both_phases_gets_no_role_churn_from_the_loop() -> None:
+    # Long prompts at twice what the fleet can carry: prompts queue and miss their TTFT
+    # while the decode pool fills behind them (its TBT still fine for a while), then hand-offs
+    # wait for its memory with the prompts still missing. Moving a decode worker to prefill
+    # would feed the filling pool faster; moving it back trades the shortage again.
+    clock = ManualClock(1000.0)
+    monitor = SloMonitor(clock)
+    cycle = _cycle(clock, monitor)
+    inp, current = _owned(20.0, 8000, 300), _split()
+    proposed: list[str] = []
+    filling = [(4, 100_000), (8, 250_000), (16, 500_000), (32, 800_000)]
+    for queue, kv in filling:  # prefill short, decode filling: no margin to give
+        _heartbeat(monitor, ttft_p99=9000, prompt_queue=queue, tbt_p99=60, handoffs=0, decode_kv=kv)
+        proposed += _role_changes(cycle.run(inp, current))
+        clock.advance(10.0)
+    for handoffs in (4, 8, 16):  # now decode short too, prompts still missing
+        _heartbeat(
+            monitor,
+            ttft_p99=9000,
+            prompt_queue=64,
+            tbt_p99=300,
+            handoffs=handoffs,
+            decode_kv=995_000,
+        )
+        proposed += _role_changes(cycle.run(inp, current))
+        clock.advance(30.0)
+    assert proposed == [], f"re-roled a fleet short in both phases: {proposed}"
+
+
+def test_an_owned_fleet_short_of_decode_only_gets_its_role_change_at_once() -> None:
+    # Decode-heavy traffic on a prefill-heavy split: hand-offs wait for decode memory and TBT
+    # misses, while the prefill pool meets its TTFT with nothing queued. The prefill pool
+    # can spare a worker, and the loop moves it without waiting for the gate's hold.
+    clock = ManualClock(1000.0)
+    monitor = SloMonitor(clock)
+    cycle = _cycle(clock, monitor)
+    inp, current = _owned(4.0, 300, 800), _split()
+    cycle.run(inp, current)
+    report = None
+    for handoffs in (2, 4, 8, 16):
+        _heartbeat(
+            monitor,
+            ttft_p99=900,
+            prompt_queue=0,
+            tbt_p99=400,
+            handoffs=handoffs,
+            decode_kv=995_000,
+        )
+        clock.advance(10.0)
+        report = cycle.run(inp, current)
+        if _role_changes(report):
+            break
+    assert report is not None and _role_changes(report), report and report.decision.reason
+    moves = [m for m in report.plan.moves if m.kind is MoveKind.ROLE_CHANGE]
+    assert all(m.source is not None and m.source.role is Role.PREFILL for m in moves)
+    assert all(m.target is not None and m.target.role is not Role.PREFILL for m in moves)
