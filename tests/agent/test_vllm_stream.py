@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from fleetshift.v1 import worker_pb2, worker_pb2_grpc
+from fleetshift_agent.vllm_worker import client as client_module
 from fleetshift_agent.vllm_worker import sse
 from fleetshift_agent.vllm_worker.client import Chunk, Completion, VllmClient
 from fleetshift_agent.vllm_worker.service import VllmIdentity, VllmWorkerServicer
@@ -172,3 +173,20 @@ async def test_a_client_sees_exactly_vllms_tokens_once_in_order_when_events_carr
     assert [m.finished for m in got] == [False] * 39 + [True]
     assert got[-1].finish_reason == "length"
     assert tail == list(range(117, 140))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        event([12]),
+        event([1, 2, 3], "length"),
+        event([], "stop"),
+        b'data: {"choices":[{"index":0,"text":"\\"token_ids\\":[5] \\"error\\"",'
+        b'"finish_reason":null,"token_ids":[7],"prompt_token_ids":[1, 2]}]}\n\n',
+        b'data: {"choices":[],"usage":{"prompt_tokens":3}}\n\n',
+        b'data: {"choices":[{"index":0,"finish_reason":null,"token_ids":null}]}\n\n',
+    ],
+)
+def test_the_quick_read_of_an_event_equals_decoding_it(payload: bytes) -> None:
+    data = payload.removeprefix(b"data: ").strip()
+    assert client_module._parse_event(data) == client_module._parse_json(data)
