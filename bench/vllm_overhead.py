@@ -24,7 +24,7 @@ same load. The main figure is CPU per token (the worker process against its vLLM
 processes), which the machine's load moves far less than tokens/s.
 
     nice -n 10 .venv/bin/python bench/vllm_overhead.py [--sessions 4] [--tokens 256] [--rounds 6]
-        [--before-src DIR]
+        [--before-src DIR] [--py-spy FILE]
 """
 
 from __future__ import annotations
@@ -35,10 +35,14 @@ import contextlib
 import json
 import os
 import random
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -219,6 +223,24 @@ def report(paths: dict[str, Way], workers: list[str], args: argparse.Namespace) 
         )
 
 
+@contextlib.contextmanager
+def spying(pid: int, out: str) -> Iterator[None]:
+    """py-spy (``pip install py-spy``) sampling this tree's worker process, native frames
+    included (gRPC's and the kernel calls' share is the point), raw stacks to ``out``. It
+    stops the process at each sample: CPU figures of a run with it are not comparable."""
+    if not out:
+        yield
+        return
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
+    argv = [spy, "record", "-p", str(pid), "-o", out, "-f", "raw", "-r", "250", "--native"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--sessions", type=int, default=4)
@@ -231,6 +253,7 @@ def main() -> None:
         default="",
         help="also run a worker whose shim comes from this source tree, in the same rounds",
     )
+    p.add_argument("--py-spy", default="", help="profile this tree's worker into this file")
     args = p.parse_args()
     deadline(args.timeout_s)
     print(f"load before: {machine_load()}", flush=True)
@@ -248,7 +271,8 @@ def main() -> None:
             for name, proc in procs.items():  # started together: one vLLM start's wait
                 workers[name] = wait_worker(proc, tmp, name)
                 print(f"vLLM worker {name} ready in {workers[name].ready_s:.1f} s", flush=True)
-            asyncio.run(rounds(workers, args))
+            with spying(workers[list(srcs)[-1]].proc.pid, args.py_spy):
+                asyncio.run(rounds(workers, args))
         finally:
             for proc in procs.values():
                 WorkerProcess(proc, 0, 0, 0.0).stop()
