@@ -207,6 +207,14 @@ def report(paths: dict[str, Way], workers: list[str], args: argparse.Namespace) 
     for p in paths.values():
         shim, rest, toks = p.cpu
         print(f"| {p.name} | {shim / toks * 1000:.3f} | {rest / toks * 1000:.3f} |")
+    pooled = sum(p.cpu[1] for p in paths.values()) / sum(p.cpu[2] for p in paths.values())
+    for w in workers:
+        shim, _, toks = paths[w].cpu
+        print(
+            f"{w}: the worker process's CPU per token is {shim / toks / pooled * 100:.1f} % of "
+            f"vLLM's CPU per token pooled over every path of this run ({pooled * 1000:.3f} ms): "
+            "the same denominator for every worker, steadier than each one's own"
+        )
     first = paths[workers[0]].outputs
     for w in workers:
         fs, base = paths[w], paths[f"{w} alone"]
