@@ -190,3 +190,39 @@ async def test_a_client_sees_exactly_vllms_tokens_once_in_order_when_events_carr
 def test_the_quick_read_of_an_event_equals_decoding_it(payload: bytes) -> None:
     data = payload.removeprefix(b"data: ").strip()
     assert client_module._parse_event(data) == client_module._parse_json(data)
+
+
+def test_a_session_id_cannot_add_a_header_or_a_request() -> None:
+    raw = sse.request_bytes(
+        "127.0.0.1", 8000, "/v1/completions", b"{}", {"X-Request-Id": "s\r\n\r\nPOST /pause"}
+    )
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert body == b"{}" and head.count(b"\r\n") == 6
+    assert head.endswith(b"X-Request-Id: s%0D%0A%0D%0APOST%20/pause")
+
+
+async def test_a_body_that_ends_with_the_connection_is_whole() -> None:
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + event([10], "length")
+    async with fake_vllm(lambda body: cut(answer, [9])) as (url, _):
+        chunks = await read_all(VllmClient(url, "m"))
+    assert [(c.tokens, c.finish_reason) for c in chunks] == [((10,), "length")]
+
+
+async def test_a_request_cancelled_before_vllm_answers_closes_its_connection() -> None:
+    """vLLM aborts a request when its connection closes: a session ended (a Pause, a client
+    gone) while its prompt still waits in vLLM's queue must not run on there."""
+    closed = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        while await reader.read(1 << 16):  # never answers; b"" once the client closed
+            pass
+        closed.set()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    task = asyncio.create_task(read_all(VllmClient(f"http://127.0.0.1:{port}", "m")))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    await asyncio.wait_for(closed.wait(), 5)
+    server.close()

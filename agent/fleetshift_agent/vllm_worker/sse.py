@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from urllib.parse import quote
 
 from fleetshift_common.errors import Unavailable
 
 MAX_HEAD_BYTES = 64 << 10  # a response head larger than this is not vLLM's
+HEADER_SAFE = "!#$&'()*+,/:;=?@[]^_`{|}~-."  # printable ASCII kept as is (and letters, digits)
 
 
 class SseProtocol(asyncio.Protocol):
@@ -62,7 +64,10 @@ class SseProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.ended:
-            self._end("vLLM closed the connection before the response ended" + _why(exc))
+            # A body with neither a length nor chunks ends with the connection (HTTP/1.1).
+            by_close = not self._head and not self._chunked and self._left < 0 and exc is None
+            cut = "" if by_close else "vLLM closed the connection before the response ended"
+            self._end(cut + _why(exc))
         self._wake()
 
     # ---- the reader's side ----------------------------------------------------------------
@@ -162,6 +167,9 @@ class SseProtocol(asyncio.Protocol):
 
 
 def request_bytes(host: str, port: int, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+    """The request's bytes. Header values are percent-encoded outside printable ASCII: the
+    request id carries a client's session id, and a CR or LF in it must not start a header
+    (or a second request) of its own on vLLM's unauthenticated port."""
     lines = [
         f"POST {path} HTTP/1.1",
         f"Host: {host}:{port}",
@@ -169,7 +177,7 @@ def request_bytes(host: str, port: int, path: str, body: bytes, headers: dict[st
         "Accept: text/event-stream",
         f"Content-Length: {len(body)}",
         "Connection: close",
-        *(f"{k}: {v}" for k, v in headers.items()),
+        *(f"{k}: {quote(v, safe=HEADER_SAFE)}" for k, v in headers.items()),
     ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
@@ -185,8 +193,12 @@ async def open_stream(
         )
     except (OSError, TimeoutError) as err:
         raise Unavailable(f"vLLM server unreachable: {err!r}") from None
-    transport.write(request)
-    await protocol.head()
+    try:
+        transport.write(request)
+        await protocol.head()  # vLLM answers once the prompt is queued: may be cancelled
+    except BaseException:
+        transport.close()  # vLLM aborts a request whose connection closed
+        raise
     if protocol.ended and protocol.status == 0:
         transport.close()
         raise Unavailable(f"vLLM server unreachable: {protocol.failure}")
