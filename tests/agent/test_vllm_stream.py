@@ -226,3 +226,9 @@ async def test_a_request_cancelled_before_vllm_answers_closes_its_connection() -
     task.cancel()
     await asyncio.wait_for(closed.wait(), 5)
     server.close()
+
+
+async def test_an_answer_that_is_not_http_is_unavailable() -> None:
+    async with fake_vllm(lambda body: [b"garbage\r\n\r\n"]) as (url, _):
+        with pytest.raises(Unavailable, match=r"not HTTP/1\.1"):
+            await read_all(VllmClient(url, "m"))

@@ -56,8 +56,8 @@ class SseProtocol(asyncio.Protocol):
             if self._head and not self._parse_head():
                 return
             self._parse_body()
-        except ValueError as err:
-            self._end(f"vLLM's response is not HTTP/1.1 as expected: {err}")
+        except (ValueError, IndexError) as err:
+            self._end(f"vLLM's response is not HTTP/1.1 as expected: {err!r}")
             if self.transport is not None:
                 self.transport.close()
         self._wake()
