@@ -24,7 +24,7 @@ same load. The main figure is CPU per token (the worker process against its vLLM
 processes), which the machine's load moves far less than tokens/s.
 
     nice -n 10 .venv/bin/python bench/vllm_overhead.py [--sessions 4] [--tokens 256] [--rounds 6]
-        [--before-src DIR] [--py-spy FILE]
+        [--before-src DIR] [--py-spy FILE] [--stream-interval N]
 """
 
 from __future__ import annotations
@@ -262,14 +262,22 @@ def main() -> None:
         help="also run a worker whose shim comes from this source tree, in the same rounds",
     )
     p.add_argument("--py-spy", default="", help="profile this tree's worker into this file")
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="vLLM's --stream-interval (tokens per streamed event; first and last at once)",
+    )
     args = p.parse_args()
     deadline(args.timeout_s)
     print(f"load before: {machine_load()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         model = make_vllm_model(tmp / "model", 1024)
-        engine = {"dtype": "float32", "max_model_len": 1024, "kv_cache_gib": 1.0,
-                  "enforce_eager": True}  # fmt: skip
+        engine: dict[str, object] = {"dtype": "float32", "max_model_len": 1024,
+                                     "kv_cache_gib": 1.0, "enforce_eager": True}  # fmt: skip
+        if args.stream_interval > 1:  # what an operator sets in [models.engine_args]
+            engine["extra_args"] = ["--stream-interval", str(args.stream_interval)]
         srcs = (
             {"FleetShift": ""} if not args.before_src else {"before": args.before_src, "after": ""}
         )
