@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import cast
 from urllib.parse import quote
 
 from fleetshift_common.errors import Unavailable
@@ -47,8 +48,8 @@ class SseProtocol(asyncio.Protocol):
     # ---- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream connection's transport (uvloop's does not subclass asyncio.Transport).
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self._buf += data
