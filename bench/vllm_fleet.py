@@ -126,7 +126,11 @@ def machine_load() -> str:
     return f"{up} ({os.cpu_count()} cores)"
 
 
-READY = re.compile(r"ready on port (\d+) in ([\d.]+) s \(vLLM .* on port (\d+)")
+# The worker's ready line: "ready on port N (plaintext) in S s (vLLM V on 127.0.0.1:M, pid P)"
+# (the security in parentheses since mTLS; older lines lack it and say "on port M").
+READY = re.compile(
+    r"ready on port (\d+)(?: \(\w+\))? in ([\d.]+) s \(vLLM .* on (?:port |127\.0\.0\.1:)(\d+)"
+)
 
 
 @dataclass
@@ -148,7 +152,17 @@ class WorkerProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-def spawn_worker(model: Path, logs: Path, name: str, engine: dict[str, object]) -> Popen[bytes]:
+def spawn_worker(
+    model: Path, logs: Path, name: str, engine: dict[str, object], src: str = ""
+) -> Popen[bytes]:
+    """A vLLM worker as the agent starts it; with ``src``, its FleetShift code (the shim)
+    comes from that source tree (``git archive BASE agent common proto | tar -x -C src``), so
+    a bench can run a change's before and after side by side."""
+    env = None
+    if src:
+        root = Path(src).resolve()
+        paths = [str(root / d) for d in ("agent", "common", "proto")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     argv = [
         sys.executable, "-m", "fleetshift_agent.vllm_worker",
         "--model-dir", str(model), "--model-id", "vllm-bench",
@@ -157,7 +171,9 @@ def spawn_worker(model: Path, logs: Path, name: str, engine: dict[str, object]) 
         "--start-timeout-s", "580",
     ]  # fmt: skip
     with open(logs / f"{name}.log", "wb") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
 
 
 def wait_worker(proc: Popen[bytes], logs: Path, name: str, timeout_s: float = 620) -> WorkerProcess:

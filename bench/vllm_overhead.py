@@ -17,20 +17,33 @@ same by construction; the only difference is FleetShift's layer. A round is ``--
 concurrent sessions of ``--tokens`` tokens each; tokens/s = tokens received / the round's
 wall time. The greedy tokens of the two paths are compared too (they must be equal).
 
+``--before-src DIR`` also starts a second worker whose shim runs from another source tree
+(``git archive BASE agent common proto | tar -x -C DIR``), with its own vLLM server, and runs
+its two paths in the same mirrored cycles: a change's before and after in one run, at the
+same load. The main figure is CPU per token (the worker process against its vLLM's
+processes), which the machine's load moves far less than tokens/s.
+
     nice -n 10 .venv/bin/python bench/vllm_overhead.py [--sessions 4] [--tokens 256] [--rounds 6]
+        [--before-src DIR] [--py-spy FILE] [--stream-interval N]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -38,7 +51,14 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.vllm_fleet import deadline, machine_load, make_vllm_model, spawn_worker, wait_worker
+from bench.vllm_fleet import (
+    WorkerProcess,
+    deadline,
+    machine_load,
+    make_vllm_model,
+    spawn_worker,
+    wait_worker,
+)
 from fleetshift.v1 import worker_pb2, worker_pb2_grpc
 
 MODEL_ID = "vllm-bench"
@@ -100,79 +120,133 @@ async def alone(http: httpx.AsyncClient, prompt: list[int], tokens: int) -> list
     return out
 
 
-async def rounds(group: int, grpc_port: int, vllm_port: int, args: argparse.Namespace) -> None:
+@dataclass
+class Way:
+    """One way tokens come: through a worker's shim (``shim``) or straight from its vLLM."""
+
+    name: str
+    worker: str  # which worker's process group it loads
+    shim: bool
+    rates: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # shim s, vLLM s, tokens
+    outputs: list[list[int]] = field(default_factory=list)
+
+
+def cycle(workers: list[str]) -> list[str]:
+    """One cycle of path names, mirrored (A B C D D C B A) so a drift in load falls on
+    every path alike."""
+    names = [n for w in workers for n in (w, f"{w} alone")]
+    return names + names[::-1]
+
+
+async def rounds(workers: dict[str, WorkerProcess], args: argparse.Namespace) -> None:
     ps = prompts(args.sessions, args.prompt)
-    rates: dict[str, list[float]] = {"FleetShift": [], "alone": []}
-    cpu: dict[str, list[float]] = {"FleetShift": [0.0, 0.0, 0.0], "alone": [0.0, 0.0, 0.0]}
-    outputs: dict[str, list[list[int]]] = {}
-    async with (
-        grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as ch,
-        httpx.AsyncClient(base_url=f"http://127.0.0.1:{vllm_port}", timeout=600) as http,
-    ):
-        stub = worker_pb2_grpc.WorkerServiceStub(ch)
-        # Warm-up, unmeasured: both paths once (first requests pay one-off costs in vLLM).
-        await alone(http, ps[0], 16)
-        await via_fleetshift(stub, ps[0], 16, "warm")
-        order = ["FleetShift", "alone", "alone", "FleetShift"]
-        for r in range(args.rounds * 2):
-            way = order[r % 4]
+    paths = {n: Way(n, w, shim=(n == w)) for w in workers for n in (w, f"{w} alone")}
+    async with contextlib.AsyncExitStack() as stack:
+        stubs, https = {}, {}
+        for name, wp in workers.items():
+            ch = await stack.enter_async_context(
+                grpc.aio.insecure_channel(f"127.0.0.1:{wp.grpc_port}")
+            )
+            stubs[name] = worker_pb2_grpc.WorkerServiceStub(ch)
+            https[name] = await stack.enter_async_context(
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{wp.vllm_port}", timeout=600)
+            )
+            # Warm-up, unmeasured: both paths once (first requests pay one-off costs in vLLM).
+            await alone(https[name], ps[0], 16)
+            await via_fleetshift(stubs[name], ps[0], 16, f"warm-{name}")
+        order = cycle(list(workers))
+        for r in range(args.rounds * len(order) // 2):
+            path = paths[order[r % len(order)]]
+            group = workers[path.worker].proc.pid
             cpu0 = cpu_seconds(group)
             t0 = time.perf_counter()
-            if way == "FleetShift":
+            if path.shim:
                 outs = await asyncio.gather(
-                    *(via_fleetshift(stub, p, args.tokens, f"r{r}-{i}") for i, p in enumerate(ps))
+                    *(
+                        via_fleetshift(stubs[path.worker], p, args.tokens, f"r{r}-{i}")
+                        for i, p in enumerate(ps)
+                    )
                 )
             else:
-                outs = await asyncio.gather(*(alone(http, p, args.tokens) for p in ps))
+                outs = await asyncio.gather(
+                    *(alone(https[path.worker], p, args.tokens) for p in ps)
+                )
             wall = time.perf_counter() - t0
             cpu1 = cpu_seconds(group)
             got = sum(len(o) for o in outs)
             for k, x in enumerate((cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], got)):
-                cpu[way][k] += x
-            assert got == args.sessions * args.tokens, f"{way}: {got} tokens"
-            rates[way].append(got / wall)
-            outputs.setdefault(way, outs)
-            print(f"round {r + 1} {way}: {got / wall:.1f} tokens/s ({wall:.2f} s)", flush=True)
-    same = outputs["FleetShift"] == outputs["alone"]
-    report(rates, cpu, same, args)
+                path.cpu[k] += x
+            assert got == args.sessions * args.tokens, f"{path.name}: {got} tokens"
+            path.rates.append(got / wall)
+            path.outputs = path.outputs or outs
+            print(
+                f"round {r + 1} {path.name}: {got / wall:.1f} tokens/s ({wall:.2f} s)", flush=True
+            )
+    report(paths, list(workers), args)
 
 
-def report(
-    rates: dict[str, list[float]], cpu: dict[str, list[float]], same: bool, args: argparse.Namespace
-) -> None:
-    fs, base = statistics.median(rates["FleetShift"]), statistics.median(rates["alone"])
-    cost = 1 - fs / base
+def report(paths: dict[str, Way], workers: list[str], args: argparse.Namespace) -> None:
     print(f"\nload at the end: {machine_load()}")
     print(
         f"{args.sessions} sessions x {args.tokens} tokens (prompts of {args.prompt}), "
-        f"{args.rounds} rounds each way, alternating"
+        f"{args.rounds} rounds per path, mirrored cycles"
     )
     print("| path | median tokens/s | min | max |\n|---|---|---|---|")
-    for way in ("alone", "FleetShift"):
-        xs = rates[way]
-        print(f"| {way} | {statistics.median(xs):.1f} | {min(xs):.1f} | {max(xs):.1f} |")
-    spread = max((max(xs) - min(xs)) / statistics.median(xs) for xs in rates.values())
+    for p in paths.values():
+        xs = p.rates
+        print(f"| {p.name} | {statistics.median(xs):.1f} | {min(xs):.1f} | {max(xs):.1f} |")
+    spread = max((max(p.rates) - min(p.rates)) / statistics.median(p.rates) for p in paths.values())
     print(
-        f"\nwall clock: FleetShift's worker layer costs {cost * 100:.1f} % of vLLM alone's "
-        f"tokens/s (median rounds); the rounds of one path spread by up to {spread * 100:.0f} % "
-        f"of their median, so this run "
+        f"rounds of one path spread by up to {spread * 100:.0f} % of their median: this run "
         + ("resolves" if spread < 0.05 else "cannot resolve")
         + " a 5 % difference by wall clock"
     )
-    print(
-        "| path | CPU ms per token, worker process (FleetShift) | CPU ms per token, vLLM's processes |"
-    )
+    print("\n| path | CPU ms per token, worker process (FleetShift) | CPU ms per token, vLLM's |")
     print("|---|---|---|")
-    for way in ("alone", "FleetShift"):
-        shim, rest, toks = cpu[way]
-        print(f"| {way} | {shim / toks * 1000:.3f} | {rest / toks * 1000:.3f} |")
-    shim, rest, toks = cpu["FleetShift"]
-    share = shim / rest
-    print(
-        f"CPU: FleetShift's worker process spends {share * 100:.1f} % of the CPU time vLLM's "
-        f"processes spend on the same tokens (target <= 5 %: {'met' if share <= 0.05 else 'NOT met'}); "
-        f"greedy tokens identical on both paths: {same}"
-    )
+    for p in paths.values():
+        shim, rest, toks = p.cpu
+        print(f"| {p.name} | {shim / toks * 1000:.3f} | {rest / toks * 1000:.3f} |")
+    pooled = sum(p.cpu[1] for p in paths.values()) / sum(p.cpu[2] for p in paths.values())
+    for w in workers:
+        shim, _, toks = paths[w].cpu
+        print(
+            f"{w}: the worker process's CPU per token is {shim / toks / pooled * 100:.1f} % of "
+            f"vLLM's CPU per token pooled over every path of this run ({pooled * 1000:.3f} ms): "
+            "the same denominator for every worker, steadier than each one's own"
+        )
+    first = paths[workers[0]].outputs
+    for w in workers:
+        fs, base = paths[w], paths[f"{w} alone"]
+        cost = 1 - statistics.median(fs.rates) / statistics.median(base.rates)
+        shim, rest, _ = fs.cpu
+        share = shim / rest
+        same = fs.outputs == base.outputs == first
+        print(
+            f"{w}: the worker process spends {share * 100:.1f} % of the CPU time vLLM's "
+            f"processes spend on the same tokens (target <= 5 %: "
+            f"{'met' if share <= 0.05 else 'NOT met'}); wall clock: {cost * 100:.1f} % fewer "
+            f"tokens/s than its vLLM alone (median rounds); greedy tokens identical on every "
+            f"path: {same}"
+        )
+
+
+@contextlib.contextmanager
+def spying(pid: int, out: str) -> Iterator[None]:
+    """py-spy (``pip install py-spy``) sampling this tree's worker process, native frames
+    included (gRPC's and the kernel calls' share is the point), raw stacks to ``out``. It
+    stops the process at each sample: CPU figures of a run with it are not comparable."""
+    if not out:
+        yield
+        return
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
+    argv = [spy, "record", "-p", str(pid), "-o", out, "-f", "raw", "-r", "250", "--native"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
 
 
 def main() -> None:
@@ -182,20 +256,42 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=64, help="prompt length (tokens)")
     p.add_argument("--rounds", type=int, default=6, help="rounds per path")
     p.add_argument("--timeout-s", type=float, default=900, help="the whole bench's deadline")
+    p.add_argument(
+        "--before-src",
+        default="",
+        help="also run a worker whose shim comes from this source tree, in the same rounds",
+    )
+    p.add_argument("--py-spy", default="", help="profile this tree's worker into this file")
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="vLLM's --stream-interval (tokens per streamed event; first and last at once)",
+    )
     args = p.parse_args()
     deadline(args.timeout_s)
     print(f"load before: {machine_load()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         model = make_vllm_model(tmp / "model", 1024)
-        engine = {"dtype": "float32", "max_model_len": 1024, "kv_cache_gib": 1.0,
-                  "enforce_eager": True}  # fmt: skip
-        worker = wait_worker(spawn_worker(model, tmp, "overhead", engine), tmp, "overhead")
-        print(f"vLLM worker ready in {worker.ready_s:.1f} s", flush=True)
+        engine: dict[str, object] = {"dtype": "float32", "max_model_len": 1024,
+                                     "kv_cache_gib": 1.0, "enforce_eager": True}  # fmt: skip
+        if args.stream_interval > 1:  # what an operator sets in [models.engine_args]
+            engine["extra_args"] = ["--stream-interval", str(args.stream_interval)]
+        srcs = (
+            {"FleetShift": ""} if not args.before_src else {"before": args.before_src, "after": ""}
+        )
+        procs = {name: spawn_worker(model, tmp, name, engine, src) for name, src in srcs.items()}
+        workers: dict[str, WorkerProcess] = {}
         try:
-            asyncio.run(rounds(worker.proc.pid, worker.grpc_port, worker.vllm_port, args))
+            for name, proc in procs.items():  # started together: one vLLM start's wait
+                workers[name] = wait_worker(proc, tmp, name)
+                print(f"vLLM worker {name} ready in {workers[name].ready_s:.1f} s", flush=True)
+            with spying(workers[list(srcs)[-1]].proc.pid, args.py_spy):
+                asyncio.run(rounds(workers, args))
         finally:
-            worker.stop()
+            for proc in procs.values():
+                WorkerProcess(proc, 0, 0, 0.0).stop()
 
 
 if __name__ == "__main__":

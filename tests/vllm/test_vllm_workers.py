@@ -91,7 +91,10 @@ async def test_vllm_worker_serves_routes_streams_and_reports(
             assert info.compat_key.engine_version
             # A client that lost its stream re-attaches at the index it had reached.
             first = []
-            live = stub.Generate(request("reattach", SESSIONS[0][1], TOKENS))
+            # Held after 12 tokens (hold_after_tokens), so the cancel below always finds it
+            # live: 48 tokens could otherwise all be made before a slow client's cancel lands,
+            # and a probe that finished by its length would count as a finished session.
+            live = stub.Generate(request("reattach", SESSIONS[0][1], TOKENS, hold=12))
             async for msg in live:
                 first.append(msg.token)
                 if msg.index == 9:

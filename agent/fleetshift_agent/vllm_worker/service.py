@@ -177,20 +177,21 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         if cut:
             completion = replace(completion, max_tokens=hold_after)
         try:
-            async for chunk in self.client.stream(completion):
+            async for chunks in self.client.stream(completion):
                 if not accepted.done():
                     accepted.set_result(None)
-                ends = chunk.finish_reason and not (cut and chunk.finish_reason == "length")
-                for n, token in enumerate(chunk.tokens):
-                    last = bool(ends) and n == len(chunk.tokens) - 1
-                    reason = chunk.finish_reason if last else ""
-                    feed.push(TokenEvent(spec.session_id, index, token, last, reason))
-                    index += 1
-                if cut and chunk.finish_reason == "length" and not feed.done:
-                    self._hold_for_hand_over(spec, feed)
-                    return
-                if chunk.finish_reason and not chunk.tokens and not feed.done:
-                    feed.close(f"vLLM ended the request ({chunk.finish_reason})")
+                for chunk in chunks:
+                    ends = chunk.finish_reason and not (cut and chunk.finish_reason == "length")
+                    for n, token in enumerate(chunk.tokens):
+                        last = bool(ends) and n == len(chunk.tokens) - 1
+                        reason = chunk.finish_reason if last else ""
+                        feed.push(TokenEvent(spec.session_id, index, token, last, reason))
+                        index += 1
+                    if cut and chunk.finish_reason == "length" and not feed.done:
+                        self._hold_for_hand_over(spec, feed)
+                        return
+                    if chunk.finish_reason and not chunk.tokens and not feed.done:
+                        feed.close(f"vLLM ended the request ({chunk.finish_reason})")
             if not feed.done:
                 feed.close("vLLM ended the request without a finish reason")
         except FleetShiftError as err:
