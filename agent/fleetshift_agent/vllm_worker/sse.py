@@ -5,9 +5,9 @@ httpcore, h11 and anyio) runs several layers of async generators, a cancel scope
 decoder per chunk read: measured, that was about a third of the vLLM worker's CPU per token
 (docs/vllm.md, Benchmarks). vLLM's server is on 127.0.0.1, speaks plain HTTP/1.1 and frames a
 streaming answer with chunked transfer encoding, one ``data: {json}`` event per chunk, so a
-protocol object that splits the bytes as they arrive is enough: one wake-up of the reading
-task per socket read (however many events it carries), no per-chunk objects but the
-payloads. The rest of the shim's HTTP (health, metrics, pause) stays on httpx: it is rare.
+protocol object fed by httptools' C parser is enough: one wake-up of the reading task per
+socket read (however many events it carries), no per-chunk objects but the payloads. The
+rest of the shim's HTTP (health, metrics, pause) stays on httpx: it is rare.
 
 Each request has its own connection: a session's request lasts for its whole output, and
 closing the connection is how vLLM learns a request was abandoned (it aborts it).
@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator
 from typing import cast
 from urllib.parse import quote
 
+import httptools
+
 from fleetshift_common.errors import Unavailable
 
 MAX_HEAD_BYTES = 64 << 10  # a response head larger than this is not vLLM's
@@ -27,9 +29,11 @@ HEADER_SAFE = "!#$&'()*+,/:;=?@[]^_`{|}~-."  # printable ASCII kept as is (and l
 
 
 class SseProtocol(asyncio.Protocol):
-    """Parses one HTTP/1.1 response (head, then a chunked or length-framed body) into SSE
-    payloads. Runs inside the event loop's reads: it only splits bytes and wakes the reader;
-    parsing the JSON is the reader's (an error there belongs to the session, not the loop)."""
+    """Reads one HTTP/1.1 response into SSE payloads. httptools (llhttp, the parser Node.js
+    and uvicorn use) does the HTTP framing: status, headers, chunked or length-framed body;
+    this class only splits the body into ``data:`` lines and wakes the reader. It runs inside
+    the event loop's reads, so parsing each payload's JSON is left to the reader (an error
+    there belongs to the session, not to the loop)."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -37,12 +41,12 @@ class SseProtocol(asyncio.Protocol):
         self.error_body = bytearray()
         self.ended = False
         self.failure = ""
+        self._parser = httptools.HttpResponseParser(self)
         self._ready: list[bytes] = []  # payloads not yet taken
-        self._buf = bytearray()  # unparsed bytes of the head or of the chunk framing
         self._line = bytearray()  # the SSE line being assembled from body bytes
         self._head = True
-        self._chunked = False
-        self._left = -1  # bytes left of the current chunk (chunked) or of the body (length)
+        self._head_bytes = 0
+        self._framed = False  # the head gave a length or chunked encoding
         self._waiter: asyncio.Future[None] | None = None
 
     # ---- asyncio.Protocol -----------------------------------------------------------------
@@ -52,12 +56,13 @@ class SseProtocol(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        self._buf += data
         try:
-            if self._head and not self._parse_head():
-                return
-            self._parse_body()
-        except (ValueError, IndexError) as err:
+            if self._head:
+                self._head_bytes += len(data)
+                if self._head_bytes > MAX_HEAD_BYTES:
+                    raise ValueError("response head too large")
+            self._parser.feed_data(data)
+        except (httptools.HttpParserError, ValueError) as err:
             self._end(f"vLLM's response is not HTTP/1.1 as expected: {err!r}")
             if self.transport is not None:
                 self.transport.close()
@@ -66,7 +71,7 @@ class SseProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.ended:
             # A body with neither a length nor chunks ends with the connection (HTTP/1.1).
-            by_close = not self._head and not self._chunked and self._left < 0 and exc is None
+            by_close = not self._head and not self._framed and exc is None
             cut = "" if by_close else "vLLM closed the connection before the response ended"
             self._end(cut + _why(exc))
         self._wake()
@@ -88,59 +93,17 @@ class SseProtocol(asyncio.Protocol):
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
 
-    # ---- parsing --------------------------------------------------------------------------
+    # ---- httptools' callbacks -------------------------------------------------------------
 
-    def _parse_head(self) -> bool:
-        end = self._buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self._buf) > MAX_HEAD_BYTES:
-                raise ValueError("response head too large")
-            return False
-        lines = bytes(self._buf[:end]).decode("latin-1").split("\r\n")
-        del self._buf[: end + 4]
-        self.status = int(lines[0].split(" ", 2)[1])
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip().lower()
-        self._chunked = "chunked" in headers.get("transfer-encoding", "")
-        if not self._chunked:
-            self._left = int(headers.get("content-length", "-1"))
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self._framed = True
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
         self._head = False
-        return True
 
-    def _parse_body(self) -> None:
-        if not self._chunked:
-            self._body(bytes(self._buf) if self._left < 0 else bytes(self._buf[: self._left]))
-            if self._left >= 0:
-                self._left -= min(self._left, len(self._buf))
-                if self._left == 0:
-                    self._end("")
-            self._buf.clear()
-            return
-        while not self.ended:
-            if self._left > 0:  # inside a chunk's data
-                take = bytes(self._buf[: self._left])
-                del self._buf[: len(take)]
-                self._left -= len(take)
-                self._body(take)
-                if self._left > 0:
-                    return
-            end = self._buf.find(b"\r\n")
-            if end < 0:
-                return
-            size_line = bytes(self._buf[:end])
-            del self._buf[: end + 2]
-            if self._left == 0:  # the CRLF after a chunk's data
-                if size_line:
-                    raise ValueError("chunk data longer than its size")
-                self._left = -1
-                continue
-            self._left = int(size_line.split(b";", 1)[0], 16)
-            if self._left == 0:
-                self._end("")
-
-    def _body(self, data: bytes) -> None:
+    def on_body(self, data: bytes) -> None:
         if self.status != 200:
             self.error_body += data
             return
@@ -158,9 +121,15 @@ class SseProtocol(asyncio.Protocol):
                     self._ready.append(payload)
         del self._line[:start]
 
+    def on_message_complete(self) -> None:
+        self._end("")
+
+    # ---- state ----------------------------------------------------------------------------
+
     def _end(self, failure: str) -> None:
-        self.ended = True
-        self.failure = failure
+        if not self.ended:
+            self.ended = True
+            self.failure = failure
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
