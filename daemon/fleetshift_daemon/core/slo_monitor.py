@@ -342,8 +342,7 @@ class SloMonitor:
             return 0
         if any(s.memory_bound(cfg.kv_full_fraction) for s in pool):
             return 0
-        queue = self._totals(state, lambda s: s.queue_depth if s.role is role else 0)
-        if self._growing(queue, cfg.queue_floor):
+        if self._queue_growing(state, lambda s: s.role is role):
             return 0
         used = sum(s.kv_used_tokens for s in pool)
         room = sorted((s.kv_total_tokens for s in pool), reverse=True)
@@ -356,28 +355,17 @@ class SloMonitor:
         """The summed queue of the workers ``counted`` picks (each worker's latest report as
         of each round) rose in each of the last rounds and ended well above where the rise
         started."""
-        totals = self._totals(state, lambda s: s.queue_depth if counted(s) else 0)
-        return self._growing(totals, self._cfg.queue_floor)
-
-    @staticmethod
-    def _totals(state: _ModelState, value: Callable[[LatencySample], int]) -> list[int]:
-        """Per round, ``value`` summed over each worker's latest report as of that round."""
+        cfg = self._cfg
         seen: dict[str, int] = {}
         totals: list[int] = []
         for r in state.rounds:
-            seen.update({w: value(s) for w, s in r.samples.items()})
+            seen.update({w: s.queue_depth if counted(s) else 0 for w, s in r.samples.items()})
             totals.append(sum(seen.values()))
-        return totals
-
-    def _growing(self, totals: list[int], floor: int) -> bool:
-        """Rose in each of the last ``queue_growth_rounds`` rounds and ended at least
-        ``queue_growth_factor`` above where the rise started (and above ``floor``)."""
-        cfg = self._cfg
         hist = totals[-(cfg.queue_growth_rounds + 1) :]
-        if len(hist) < cfg.queue_growth_rounds + 1 or hist[-1] <= floor:
+        if len(hist) < cfg.queue_growth_rounds + 1 or hist[-1] <= cfg.queue_floor:
             return False
         rising = all(b > a for a, b in itertools.pairwise(hist))
-        return rising and hist[-1] >= cfg.queue_growth_factor * max(hist[0], floor)
+        return rising and hist[-1] >= cfg.queue_growth_factor * max(hist[0], cfg.queue_floor)
 
 
 def _latest_per_worker(rounds: Iterable[_Round]) -> dict[str, LatencySample]:
