@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetshift_daemon.cli.calibration import read_profile
+from fleetshift_daemon.cli.calibration import Profile, read_profile
 from fleetshift_daemon.core.calibration import (
     fit,
     fit_calibrations,
@@ -254,3 +254,36 @@ def test_shipped_factors_predict_a_model_they_were_not_fitted_on() -> None:
     # A100's decode miss is a slow prediction: the per-worker time, charged on top of a
     # weight stream 2.6x Llama-2-70B's, where the measured step grows by less than the stream
     assert by_key[("A100-SXM-80GB", Phase.DECODE)].median_bias_pct > 15.0
+
+
+# Hold-out (c) on a quiet host (docs/bench-perfmodel.md, round 7): the lead's profiles of
+# 2026-12-04 (Intel Xeon, 2 vCPU, load 0.5-3.7, the worker at ~1.0 of a core), where host load
+# cannot explain a miss. Fitted on the 4-layer `small-r4-q1`, the model predicts the 10-layer
+# `deep-narrow-q1`'s prefill within the target but its decode ~30 % fast: the decode step's
+# fixed time grows with depth, and the model charges it to a per-step constant. The bounds
+# pin today's figures so that a change which makes them worse fails here; one that meets the
+# target must tighten them.
+QUIET_HOLDOUT_BOUNDS = {  # phase -> (median, p90) % bound, deep-narrow-q1 from small-r4-q1
+    Phase.PREFILL: (10.0, 20.0),
+    Phase.DECODE: (31.0, 40.0),  # today's miss, pinned
+}
+
+
+def test_a_quiet_cpu_profile_predicts_a_deeper_model_within_the_reported_error() -> None:
+    from fleetshift_daemon.cli.calibration import calibrate
+
+    def profile(name: str) -> Profile:
+        return read_profile(f"{PROFILES / name}.csv:{PROFILES / name}.config.json")
+
+    small, deep = profile("small-r4-q1"), profile("deep-narrow-q1")
+    assert (small.arch.n_layers, deep.arch.n_layers) == (4, 10)
+    rep = calibrate([small], deep)
+    held = {e.phase: e for e in rep.errors}
+    assert set(held) == set(QUIET_HOLDOUT_BOUNDS)
+    for phase, (median, p90) in QUIET_HOLDOUT_BOUNDS.items():
+        e = held[phase]
+        assert e.n == 9 and e.median_abs_pct <= median and e.p90_abs_pct <= p90, e
+    # the decode miss is one-sided: the deeper model predicted faster than it ran
+    assert held[Phase.DECODE].median_bias_pct < -20.0
+    # and the fit describes its own profile (in-sample) within the target's medians
+    assert all(e.median_abs_pct <= 10.0 for e in rep.in_sample), rep.in_sample
