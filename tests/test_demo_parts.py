@@ -194,6 +194,11 @@ def test_the_live_watch_says_recovered_once_and_not_while_a_plan_runs() -> None:
         fw._recovery()
     assert fw.recovered == 3.0
     assert sum("RECOVERED" in line for line in said) == 1 and "back since 3.0 s" in said[-1]
+    w = Workload([DemoRequest(0, 0.0, [300], 4, 1, DECODE_HEAVY)], 4.0, 2.0, 0, "x")
+    console = Console(width=80, file=io.StringIO(), record=True)
+    console.print(render(fw, [], w))
+    assert "RECOVERED at 3 s" in console.export_text()
+    assert "settling" in status_line(fw, [], w) and "recovered at 3 s" in status_line(fw, [], w)
 
 
 def test_the_summary_says_whether_and_when_it_recovered_and_why_not() -> None:

@@ -70,7 +70,7 @@ DURATION_S = 180.0
 SETTLE_TIMEOUT_S = 180.0  # after the last request: wait this long at most for running moves
 # After the replay (and the operator move): how long to wait at most for the figure to come
 # back (``demo.settle``), and at what rate the second half's shapes keep flowing meanwhile.
-RECOVER_S, RECOVER_S_SHORT = 150.0, 30.0
+RECOVER_S, RECOVER_S_SHORT = 150.0, 15.0  # bounds, not tuned: --short stays short
 SETTLE_RATE = 1.0
 
 
