@@ -16,12 +16,14 @@ from fleetshift_daemon.demo.carriers import Carriers
 from fleetshift_daemon.demo.carriers import _targets as operator_targets
 from fleetshift_daemon.demo.replay import StreamRecord
 from fleetshift_daemon.demo.report import summary_lines
+from fleetshift_daemon.demo.settle import Outcome, outcome, settling_request, why_not
 from fleetshift_daemon.demo.verify import Verdict, count_check, crossed_a_move
 from fleetshift_daemon.demo.view import render, status_line
-from fleetshift_daemon.demo.watch import FleetWatch, Sample, Step
+from fleetshift_daemon.demo.watch import FleetWatch, Sample, Step, recovered_at
 from fleetshift_daemon.demo.workload import (
     DECODE_HEAVY,
     PROMPT_HEAVY,
+    SETTLING,
     DemoRequest,
     Workload,
     WorkloadSpec,
@@ -163,3 +165,80 @@ def test_an_operator_move_goes_to_the_same_gpu_kind_first_and_is_labelled() -> N
     text = "\n".join(summary_lines(work, [record(0, 4, 4, 0.0)], fw, Verdict(), check_all=False))
     assert "1 cold move (the demo's operator move); sessions moved: 1" in text, text
     assert "(a -> b, as decode) (operator move): carried 1" in text, text
+
+
+def samples(*figures: tuple[float | None, int]) -> list[Sample]:
+    """One sample a second: (efficiency, steps in flight)."""
+    return [Sample(float(i), e, 1.0, 50, 200, 0.3, 2, n) for i, (e, n) in enumerate(figures)]
+
+
+def test_the_figure_recovers_only_when_back_with_nothing_in_flight_for_three_polls() -> None:
+    below, back = (0.5, 0), (0.97, 0)
+    assert recovered_at(samples(below, back, back, back), 0.95) == 1.0
+    assert recovered_at(samples(below, back, back), 0.95) is None  # two polls: not yet
+    # over the line while a start still runs is not a recovery; it counts once that ended
+    assert recovered_at(samples(below, (0.97, 1), (0.97, 1), (0.97, 1)), 0.95) is None
+    assert recovered_at(samples(below, (0.97, 1), back, back, back), 0.95) == 2.0
+    assert recovered_at(samples(back, back, back, back), 0.95) is None  # it never fell
+    assert recovered_at(samples(below, back, back, back, below), 0.95) is None  # fell again
+    assert recovered_at(samples(below, (None, 0), back, back, back), 0.95) == 2.0
+    assert recovered_at(samples((0.95, 2), below, (0.95, 0), back, back), 0.95) == 2.0
+
+
+def test_the_live_watch_says_recovered_once_and_not_while_a_plan_runs() -> None:
+    said: list[str] = []
+    fw = FleetWatch(None, "tiny", 0.0, 0.0, said.append)  # type: ignore[arg-type]
+    for figure, flying in [(0.6, 1), (0.6, 1), (0.97, 1), (0.97, 0), (0.97, 0), (0.97, 0)]:
+        fw.samples.append(Sample(float(len(fw.samples)), figure, 1.0, 50, 200, 0.3, 2, flying))
+        fw._alarm(figure)
+        fw._recovery()
+    assert fw.recovered == 3.0
+    assert sum("RECOVERED" in line for line in said) == 1 and "back since 3.0 s" in said[-1]
+    w = Workload([DemoRequest(0, 0.0, [300], 4, 1, DECODE_HEAVY)], 4.0, 2.0, 0, "x")
+    console = Console(width=80, file=io.StringIO(), record=True)
+    console.print(render(fw, [], w))
+    assert "RECOVERED at 3 s" in console.export_text()
+    assert "settling" in status_line(fw, [], w) and "recovered at 3 s" in status_line(fw, [], w)
+
+
+def test_the_summary_says_whether_and_when_it_recovered_and_why_not() -> None:
+    fw = FleetWatch(None, "tiny", 0.0, 0.0, lambda _: None)  # type: ignore[arg-type]
+    fw.threshold = 0.95
+    fw.samples = samples((0.5, 0), (0.6, 1))
+    running = step("start", 40.0, None)
+    running.state, running.op_id = "running", "op-7"
+    fw.steps = {("op-7", 0): running}
+    why = why_not(fw.samples, [running], 0.95, 30.0, "unused")
+    assert (
+        why
+        == "not back within --settle-s 30 s (at the end 0.60): 1 step(s) still in flight (start; op-7)"
+    )
+    w = Workload([DemoRequest(0, 0.0, [300], 4, 1, DECODE_HEAVY)], 40.0, 20.0, 0, "x")
+    text = "\n".join(summary_lines(w, [], fw, Verdict(), False, outcome=Outcome(None, 0.6, why)))
+    assert "recovered: no -- not back within --settle-s 30 s" in text, text
+    running.state = "done"
+    assert why_not(fw.samples, [running], 0.95, 30.0, "the dry run proposes no move").endswith(
+        "nothing in flight; the dry run proposes no move"
+    )
+    assert "never fell below" in why_not(samples((0.99, 0)), [], 0.95, 30.0, "")
+    fell_again = samples((0.5, 0), (0.97, 0), (0.97, 0), (0.97, 0), (0.8, 0))
+    told = outcome(fell_again, [], 0.95, 30.0, "the dry run proposes no move", was_back=1.0)
+    assert told.recovered is None and told.figure == 0.8
+    assert told.why_not.endswith("(it was back at 1.0 s, then fell again)"), told.why_not
+    assert outcome(fell_again[:4], [], 0.95, 30.0, "") == Outcome(1.0, 0.97)
+    yes = Outcome(52.0, 0.97)
+    assert (
+        yes.line(0.95)
+        == "recovered: yes, at 52.0 s (efficiency 0.97 >= 0.95 with no move in flight)"
+    )
+
+
+def test_settling_requests_cycle_the_decode_heavy_shapes_with_fresh_seeds() -> None:
+    prompt = DemoRequest(0, 0.0, [300] * 50, 5, 1, PROMPT_HEAVY)
+    decode = [DemoRequest(1, 30.0, [301] * 4, 90, 2, DECODE_HEAVY),
+              DemoRequest(2, 31.0, [302] * 6, 70, 3, DECODE_HEAVY)]  # fmt: skip
+    w = Workload([prompt, *decode], 40.0, 20.0, 0, "x")
+    sent = [settling_request(w, i, 50.0 + i) for i in range(3)]
+    assert [(len(r.prompt), r.max_tokens) for r in sent] == [(4, 90), (6, 70), (4, 90)]
+    assert len({r.seed for r in sent}) == 3 and all(r.phase == SETTLING for r in sent)
+    assert sent[2].at_s == 52.0

@@ -467,6 +467,17 @@ class Daemon:
             self.metrics.set_traffic(
                 stats.model, stats.arrival_rate_per_s, stats.prompt.mean, stats.output.mean
             )
+        if not report.decision.propose and report.decision.gap_since is not None:
+            # Below target and nothing proposed: say why (the hold, or a plan whose moves
+            # cost more than they gain), or a figure that stays low reads as a stuck planner.
+            log.info(
+                "placement below target: plan held",
+                extra={
+                    "efficiency": round(report.efficiency, 4),
+                    "moves": ", ".join(m.kind.value for m in report.plan.moves),
+                    "reason": report.decision.reason,
+                },
+            )
         if report.decision.propose:
             log.warning(
                 "placement below target: plan proposed",

@@ -28,10 +28,13 @@ from rich.console import Console
 from rich.live import Live
 
 from fleetshift.v1 import fleet_pb2 as fpb
+from fleetshift.v1 import placement_pb2 as ppb
+from fleetshift.v1 import placement_pb2_grpc as pgrpc
 from fleetshift_common.helpformat import DefaultsHelpFormatter
 from fleetshift_daemon.demo import report
 from fleetshift_daemon.demo.carriers import Carriers, operator_move
 from fleetshift_daemon.demo.replay import StreamRecord, openai_client, replay
+from fleetshift_daemon.demo.settle import Outcome, outcome, steady
 from fleetshift_daemon.demo.verify import Verdict, count_check, crossed_a_move, reference_check
 from fleetshift_daemon.demo.view import render, status_line
 from fleetshift_daemon.demo.watch import FleetWatch, watch
@@ -65,6 +68,10 @@ DEFAULT_TRACE = "../shared/traces/azure_llm_2023_conv.csv"
 # a minute of settled traffic to the wall time.
 DURATION_S = 180.0
 SETTLE_TIMEOUT_S = 180.0  # after the last request: wait this long at most for running moves
+# After the replay (and the operator move): how long to wait at most for the figure to come
+# back (``demo.settle``), and at what rate the second half's shapes keep flowing meanwhile.
+RECOVER_S, RECOVER_S_SHORT = 150.0, 15.0  # bounds, not tuned: --short stays short
+SETTLE_RATE = 1.0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -117,6 +124,22 @@ def parser() -> argparse.ArgumentParser:
         help="output lengths are multiplied by this (this CPU is no GPU)",
     )
     p.add_argument(
+        "--settle-s",
+        type=float,
+        default=None,
+        help=(
+            "after the replay, wait at most this long for the efficiency figure to be back at "
+            f"its threshold with no move in flight (default {RECOVER_S:.0f} s, "
+            f"{RECOVER_S_SHORT:.0f} s with --short; 0: do not wait)"
+        ),
+    )
+    p.add_argument(
+        "--settle-rate",
+        type=float,
+        default=SETTLE_RATE,
+        help="requests per second of the decode-heavy half's shapes sent while waiting",
+    )
+    p.add_argument(
         "--trace-start", type=float, default=0.0, help="trace second the slice starts at"
     )
     p.add_argument(
@@ -146,12 +169,16 @@ class Demo:
         self.console = console
         if args.short:
             args.duration, args.rate = 45.0, 2.5
+        if args.settle_s is None:
+            args.settle_s = RECOVER_S_SHORT if args.short else RECOVER_S
         self.state_dir = (
             args.state_dir or Path(tempfile.mkdtemp(prefix="fleetshift-demo-"))
         ).resolve()
         self.fleet: LocalFleet | None = None
         self.records: list[StreamRecord] = []
         self.carried: list[StreamRecord] = []  # the long streams kept open while moves run
+        self.settling: list[StreamRecord] = []  # the decode-heavy shapes sent after the replay
+        self.outcome = Outcome(None, None, "the replay did not end")
         self.model = args.preset  # the name the openai client asks for
         self.reference_endpoint = ""
 
@@ -231,13 +258,20 @@ class Demo:
             verdict,
             self.args.check == "all",
             carriers=self.carried,
+            settling=self.settling,
+            outcome=self.outcome,
+            settle_rate=self.args.settle_rate,
         )
         self.say("")
         self.say("Summary")
         for line in lines:
             self.say(line)
         png = self.args.png or self.state_dir / "timeline.png"
-        self.say(report.plot_timeline(png, workload, self.records, watch_state))
+        self.say(
+            report.plot_timeline(
+                png, workload, [*self.records, *self.settling], watch_state, self.outcome
+            )
+        )
         self.say(f"wall time: {time.monotonic() - began:.0f} s")
         self._explore_hint()
         if self.args.keep:
@@ -269,8 +303,22 @@ class Demo:
             )
             stop_carriers = asyncio.Event()
             carrying = asyncio.create_task(carriers.run(stop_carriers))
+            stop_steady = asyncio.Event()
+            steadying: asyncio.Task[None] | None = None
+            wanted = "the replay did not end"
             try:
                 await replay(client, self.model, workload, self.records, started)
+                steadying = asyncio.create_task(
+                    steady(
+                        client,
+                        self.model,
+                        workload,
+                        self.args.settle_rate,
+                        self.settling,
+                        started,
+                        stop_steady,
+                    )
+                )
                 await self._settle(fw)
                 if not any(s.sessions_carried for s in fw.steps_done()):
                     self.say(
@@ -281,14 +329,27 @@ class Demo:
                     await operator_move(daemon, carriers, NODES)
                 stop_carriers.set()
                 await carrying
+                await self._recover(fw)
+                wanted = "" if fw.recovered is not None else await _still_wanted(daemon)
+                stop_steady.set()
+                await steadying
                 await asyncio.sleep(2)
             finally:
                 stop_carriers.set()
+                stop_steady.set()
                 stop.set()
-                await asyncio.gather(watcher, shower, carrying)
+                await asyncio.gather(watcher, shower, carrying, *([steadying] if steadying else []))
                 await client.close()
+            self.outcome = outcome(
+                fw.samples,
+                list(fw.steps.values()),
+                fw.threshold,
+                self.args.settle_s,
+                wanted,
+                fw.first_recovered,
+            )
             verdict = Verdict()
-            streams = self.records + self.carried
+            streams = self.records + self.carried + self.settling
             count_check(streams, verdict)
             steps = list(fw.steps.values())
             chosen = [
@@ -330,6 +391,23 @@ class Demo:
             await asyncio.sleep(1)
         self.say(f"[{fw.now():6.1f} s] stopped waiting after {SETTLE_TIMEOUT_S:.0f} s")
 
+    async def _recover(self, fw: FleetWatch) -> None:
+        """Wait, bounded by --settle-s, for the figure to be back (``watch.recovered_at``)
+        while the second half's shapes keep flowing. Only waits: the figure is the daemon's,
+        and ``settle.outcome`` reads what it did."""
+        bound = self.args.settle_s
+        if fw.recovered is None and bound > 0:
+            self.say(
+                f"[{fw.now():6.1f} s] waiting up to {bound:.0f} s (--settle-s) for the efficiency "
+                f"figure to be back at {fw.threshold:.2f} with no move in flight, sending the "
+                f"decode-heavy half's shapes at {self.args.settle_rate:g} request(s)/s"
+            )
+        deadline = time.monotonic() + bound
+        while fw.recovered is None and time.monotonic() < deadline:
+            await asyncio.sleep(1)
+        if fw.recovered is None:
+            fw.event(f"stopped waiting for the figure after {bound:.0f} s (--settle-s)")
+
     async def _show(
         self, fw: FleetWatch, workload: Workload, stop: asyncio.Event, live: bool
     ) -> None:
@@ -367,6 +445,27 @@ class Demo:
             self.say("stopping the gateway, the workers, the agents and the daemon ...")
             self.fleet.stop()
             self.say("stopped")
+
+
+async def _still_wanted(daemon: grpc.aio.Channel) -> str:
+    """What the planner's dry run (``Planning/PlanRebalance``, nothing moves) would still do."""
+    try:
+        plan = await pgrpc.PlanningStub(daemon).PlanRebalance(
+            ppb.PlanRebalanceRequest(), timeout=30
+        )
+    except grpc.aio.AioRpcError as err:
+        return f"the planner's dry run did not answer ({err.code().name})"
+    if not plan.moves:
+        return "the planner's dry run proposes no move"
+    kinds: dict[str, int] = {}
+    for m in plan.moves:
+        name = ppb.MoveKind.Name(m.kind).removeprefix("MOVE_KIND_").lower().replace("_", " ")
+        kinds[name] = kinds.get(name, 0) + 1
+    listed = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    return (
+        f"the planner's dry run still wants {listed} (efficiency {plan.efficiency_before:.2f} "
+        f"before, {'pays off' if plan.pays_off else 'does not pay off'} over its horizon)"
+    )
 
 
 async def _pause(stop: asyncio.Event, seconds: float) -> None:

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from fleetshift_daemon.demo.replay import StreamRecord
+from fleetshift_daemon.demo.settle import Outcome
 from fleetshift_daemon.demo.verify import Verdict
 from fleetshift_daemon.demo.watch import FleetWatch, Step
-from fleetshift_daemon.demo.workload import CARRIER, DECODE_HEAVY, PROMPT_HEAVY, Workload
+from fleetshift_daemon.demo.workload import (
+    CARRIER,
+    DECODE_HEAVY,
+    PROMPT_HEAVY,
+    SETTLING,
+    Workload,
+)
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -19,7 +27,7 @@ def _pct(values: Sequence[float], q: float) -> float:
 
 def latency_lines(records: Sequence[StreamRecord]) -> list[str]:
     out = []
-    for phase in (PROMPT_HEAVY, DECODE_HEAVY, CARRIER):
+    for phase in (PROMPT_HEAVY, DECODE_HEAVY, SETTLING, CARRIER):
         rs = [r for r in records if r.request.phase == phase and r.first_at is not None]
         ttft = [r.ttft_s or 0.0 for r in rs]
         gaps = [g for r in rs for g in r.gaps_s()]
@@ -61,9 +69,14 @@ def summary_lines(
     verdict: Verdict,
     check_all: bool,
     carriers: Sequence[StreamRecord] = (),
+    settling: Sequence[StreamRecord] = (),
+    outcome: Outcome | None = None,
+    settle_rate: float = 0.0,
 ) -> list[str]:
     """``records`` are the replay's streams; ``carriers`` the long ones the demo kept open
-    while moves ran (``demo.carriers``), reported on their own line."""
+    while moves ran (``demo.carriers``), ``settling`` the decode-heavy shapes sent after the
+    replay while it waited for the figure (``demo.settle``), each on their own line;
+    ``outcome`` whether the figure came back, and when or why not."""
     served = sum(1 for r in records if not r.error and r.finish_reason)
     failed = len(verdict.failed)
     tokens = sum(len(r.texts) for r in records)
@@ -88,6 +101,12 @@ def summary_lines(
             f"  long streams kept open while moves ran (so a moving worker has live sessions to "
             f"carry): {len(carriers)} ({kept} served, {sum(len(r.texts) for r in carriers):,} "
             "tokens)"
+        )
+    if settling:
+        kept = sum(1 for r in settling if not r.error and r.finish_reason)
+        lines.append(
+            f"  after the replay, while waiting for the figure: {len(settling)} requests of the "
+            f"decode-heavy half's shapes at {settle_rate:g}/s ({kept} served)"
         )
     lines.extend(_why_none_carried(moves, [*records, *carriers]))
     for s in sorted(moves, key=lambda s: s.started or 0.0):
@@ -123,13 +142,19 @@ def summary_lines(
             f"efficiency: lowest {min(effs):.2f}, at the end {effs[-1]:.2f} "
             f"(threshold {watch.threshold:.2f})"
         )
+    if outcome is not None:
+        lines.append(f"  {outcome.line(watch.threshold)}")
     lines.append("latency through the gateway (this CPU, not a GPU):")
-    lines.extend(latency_lines([*records, *carriers]))
+    lines.extend(latency_lines([*records, *settling, *carriers]))
     return lines
 
 
 def plot_timeline(
-    path: Path, workload: Workload, records: Sequence[StreamRecord], watch: FleetWatch
+    path: Path,
+    workload: Workload,
+    records: Sequence[StreamRecord],
+    watch: FleetWatch,
+    outcome: Outcome | None = None,
 ) -> str:
     """Write the PNG; returns a line saying where, or why not (matplotlib is optional)."""
     try:
@@ -159,6 +184,7 @@ def plot_timeline(
     ax.axhline(watch.threshold, color="tab:red", linestyle="--", label="threshold")
     ax.set_ylabel("efficiency")
     ax.set_ylim(0, 1.05)
+    _mark_recovery(ax, outcome, watch)
     ax.legend(loc="lower left")
     ax = axes[2]
     done = [r for r in records if r.first_at is not None]
@@ -172,10 +198,33 @@ def plot_timeline(
     ax.set_xlabel("seconds from the start of the replay")
     ax.legend(loc="upper left")
     _mark_moves(axes, watch.steps.values(), workload.turn_at_s)
+    if t and t[-1] > workload.duration_s:  # the settling traffic after the replay
+        for ax in axes:
+            ax.axvline(workload.duration_s, color="black", linestyle=":", linewidth=1)
+        axes[0].text(
+            workload.duration_s,
+            0.8,
+            " replay ends; its second half's\n shapes at a steady rate",
+            transform=axes[0].get_xaxis_transform(),
+            fontsize=8,
+        )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return f"timeline: {path}"
+
+
+def _mark_recovery(ax: Any, outcome: Outcome | None, watch: FleetWatch) -> None:
+    """The recovery on the efficiency panel: a line where the figure came back, or a note
+    where the demo stopped waiting without it."""
+    if outcome is None or not watch.samples:
+        return
+    if outcome.recovered is not None:
+        ax.axvline(outcome.recovered, color="tab:green", linestyle="-.", label="recovered")
+        ax.text(outcome.recovered, 1.0, " RECOVERED", color="tab:green", fontsize=8, va="top")
+        return
+    end = watch.samples[-1].t
+    ax.text(end, 1.0, "not recovered ", color="tab:red", fontsize=8, va="top", ha="right")
 
 
 def _mark_moves(axes: object, steps: object, turn_at: float) -> None:

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from fleetshift_daemon.demo.replay import StreamRecord
 from fleetshift_daemon.demo.watch import FleetWatch, role_text
-from fleetshift_daemon.demo.workload import DECODE_HEAVY, PROMPT_HEAVY, Workload
+from fleetshift_daemon.demo.workload import DECODE_HEAVY, PROMPT_HEAVY, SETTLING, Workload
 
 SPARKS = "▁▂▃▄▅▆▇█"
 
@@ -31,6 +31,8 @@ def ratio_text(ratio: float) -> str:
 
 
 def phase_at(workload: Workload, t: float) -> str:
+    if t >= workload.duration_s:
+        return SETTLING  # after the replay: its second half's shapes at a steady rate
     return PROMPT_HEAVY if t < workload.turn_at_s else DECODE_HEAVY
 
 
@@ -38,6 +40,8 @@ def status_line(watch: FleetWatch, records: Sequence[StreamRecord], workload: Wo
     t = watch.now()
     s = watch.samples[-1] if watch.samples else None
     eff = f"{s.efficiency:.2f}" if s and s.efficiency is not None else "-"
+    if watch.recovered is not None:
+        eff += f" (recovered at {watch.recovered:.0f} s)"
     flying = sum(1 for r in records if not r.done)
     mix = (
         f"{s.rate_per_s:.2f} req/s, prompt {s.prompt_mean:.0f}, output {s.output_mean:.0f}, "
@@ -80,6 +84,7 @@ def render(watch: FleetWatch, records: Sequence[StreamRecord], workload: Workloa
             alarm = (
                 f"  ALARM for {watch.below_for_s:.0f} s" if s.efficiency < watch.threshold else ""
             )
+            back = "" if watch.recovered is None else f"  RECOVERED at {watch.recovered:.0f} s"
             mix.add_row(
                 "efficiency",
                 Text.assemble(
@@ -87,6 +92,7 @@ def render(watch: FleetWatch, records: Sequence[StreamRecord], workload: Workloa
                     f" (threshold {watch.threshold:.2f}) ",
                     sparkline(effs),
                     (alarm, "bold red"),
+                    (back, "bold green"),
                 ),
             )
     moves = Table(

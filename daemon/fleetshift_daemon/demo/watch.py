@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -42,6 +42,37 @@ class Sample:
     output_mean: float
     prefill_decode: float
     workers: int
+    in_flight: int = 0  # steps of any operation pending or running at this poll
+
+
+# Three polls a second apart: at least one fresh planning pass at the demo's 2 s interval, so
+# one pass that happens to land on the line is not called a recovery. Not tuned.
+HOLD_SAMPLES = 3
+
+
+def recovered_at(samples: Sequence[Sample], threshold: float) -> float | None:
+    """When the figure came back and stayed back to the last sample, or None.
+
+    Back means: the daemon's figure at or above ``threshold`` with no step in flight, for the
+    last ``HOLD_SAMPLES`` samples at least, after a sample below the threshold. The time is
+    the first sample of that closing run; a figure that came back and fell again has not
+    recovered (yet)."""
+    run_start: int | None = None
+    for i in range(len(samples) - 1, -1, -1):
+        s = samples[i]
+        if s.efficiency is None:
+            continue  # the daemon had no figure yet: neither back nor below
+        if s.efficiency >= threshold and s.in_flight == 0:
+            run_start = i
+            continue
+        if run_start is None:
+            return None
+        counted = [x for x in samples[run_start:] if x.efficiency is not None]
+        fell = s.efficiency < threshold or any(
+            x.efficiency is not None and x.efficiency < threshold for x in samples[:i]
+        )
+        return samples[run_start].t if fell and len(counted) >= HOLD_SAMPLES else None
+    return None  # never below the threshold (or no figure at all): nothing to recover from
 
 
 @dataclass
@@ -86,6 +117,8 @@ class FleetWatch:
     workers: list[fpb.WorkerStatus] = field(default_factory=list)
     below_for_s: float = 0.0
     alarm_on: bool = False
+    recovered: float | None = None  # when the figure came back (``recovered_at``), if it has
+    first_recovered: float | None = None  # the first time it did (it may have fallen again)
     _nodes_of: dict[str, str] = field(default_factory=dict)
 
     def now(self) -> float:
@@ -115,6 +148,8 @@ class FleetWatch:
         for w in self.workers:
             self._nodes_of[w.worker_id] = w.node_name
         self.threshold = report.threshold or self.threshold
+        for op in sorted(ops.operations, key=lambda o: o.created_at.ToNanoseconds()):
+            self._operation(op)
         efficiency = report.latest.efficiency if report.HasField("latest") else None
         m = mix.models[0] if mix.models else None
         self.samples.append(
@@ -126,12 +161,12 @@ class FleetWatch:
                 m.output_tokens.mean if m else 0.0,
                 m.prefill_decode_ratio if m else 0.0,
                 len(self.workers),
+                len(self.moves_running()),
             )
         )
         self.below_for_s = report.below_threshold_for_s
         self._alarm(efficiency)
-        for op in sorted(ops.operations, key=lambda o: o.created_at.ToNanoseconds()):
-            self._operation(op)
+        self._recovery()
 
     def _alarm(self, efficiency: float | None) -> None:
         """An alarm once the figure has been under the threshold for two samples in a row,
@@ -149,6 +184,18 @@ class FleetWatch:
         elif self.alarm_on and len(recent) == 3 and min(recent) >= self.threshold:
             self.alarm_on = False
             self.event(f"efficiency back to {efficiency:.3f} (>= {self.threshold:.2f})")
+
+    def _recovery(self) -> None:
+        back = recovered_at(self.samples, self.threshold)
+        if back is not None and self.recovered is None:
+            if self.first_recovered is None:
+                self.first_recovered = back
+            figure = self.samples[-1].efficiency or 0.0
+            self.event(
+                f"RECOVERED: placement efficiency {figure:.3f} >= threshold "
+                f"{self.threshold:.2f} with no move in flight (back since {back:.1f} s)"
+            )
+        self.recovered = back
 
     def _stamp(self, ts: object) -> float | None:
         nanos = ts.ToNanoseconds()  # type: ignore[attr-defined]

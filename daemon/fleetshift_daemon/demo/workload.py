@@ -20,6 +20,7 @@ from fleetshift_daemon.sim.trace import Phase, Shape, fit_context, load_trace, s
 
 PROMPT_HEAVY, DECODE_HEAVY = "prompt-heavy", "decode-heavy"
 CARRIER = "carrier"  # a long stream kept open while a move runs (``demo.carriers``)
+SETTLING = "settling"  # the second half's shapes sent after the replay (``demo.settle``)
 FIRST_PLAIN_TOKEN = 300  # past the byte tokens and the special tokens of make_model's tokenizer
 
 
