@@ -25,8 +25,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import profile_forms as R7  # noqa: E402
-from fleetshift_daemon.cli.calibration import calibrate  # noqa: E402
+import profile_forms as R7
+
+from fleetshift_daemon.cli.calibration import calibrate
 
 W = ("sweep-2l", "small-r4-q1", "sweep-6l", "sweep-8l")
 Entry = tuple[tuple[str, ...], str | None]  # (fitted on, predicted; None: in-sample)
