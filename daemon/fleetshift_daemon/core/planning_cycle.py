@@ -435,12 +435,12 @@ class PlanningCycle:
         no worker waiting on a full KV, its queue not growing over a fully observed horizon,
         its KV fitting on the workers that stay), and a pool the loop has just given workers
         gives back at most those until its margin has held since (``_unlent``). An owned
-        fleet saturated in both phases
-        has no such pool; re-roling it on every "at risk" traded one shortage for the other
-        at each pass (issue 11: 16-23 moves on Mooncake at x4, half the goodput of none), so
-        its roles are left to the gated path, which weighs a re-role's gain against its
-        cost. A fleet that can start workers keeps the role changes of its capacity plan:
-        the rule cost its cost-mode runs up to 3 points of SLO on the tuning rows."""
+        fleet saturated in both phases has no such pool; re-roling it on every "at risk"
+        traded one shortage for the other at each pass (issue 11: 16-23 moves on Mooncake at
+        x4, half the goodput of none), so its roles are left to the gated path, which weighs
+        a re-role's gain against its cost. A fleet that can start workers keeps the role
+        changes of its capacity plan: the rule cost its cost-mode runs up to 3 points of SLO
+        on the tuning rows (and with the loan cap too, issue 11 Round 10)."""
         if not risky:
             return _only(plan, lambda m: m.kind is MoveKind.START)
         demand = dict(inp.demand)
