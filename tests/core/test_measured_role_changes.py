@@ -175,3 +175,126 @@ def test_an_owned_fleet_short_of_decode_only_gets_its_role_change_at_once() -> N
     moves = [m for m in report.plan.moves if m.kind is MoveKind.ROLE_CHANGE]
     assert all(m.source is not None and m.source.role is Role.PREFILL for m in moves)
     assert all(m.target is not None and m.target.role is not Role.PREFILL for m in moves)
+
+
+def _report(
+    monitor: SloMonitor,
+    current: Placement,
+    *,
+    ttft_p99: float,
+    prompt_queue: int,
+    tbt_p99: float,
+    handoffs: int,
+    decode_kv: int,
+) -> None:
+    """One round of reports from ``current``'s workers, each in the role it now has."""
+    monitor.observe(
+        LatencySample(
+            w.worker_id or w.node,
+            M70,
+            ttft_p99 / 3,
+            ttft_p99,
+            0.0,
+            0.0,
+            prompt_queue,
+            prompt_queue,
+            Role.PREFILL,
+            0,
+            KV,
+        )
+        if w.role is Role.PREFILL
+        else LatencySample(
+            w.worker_id or w.node,
+            M70,
+            0.0,
+            0.0,
+            tbt_p99 / 3,
+            tbt_p99,
+            handoffs,
+            32 + handoffs,
+            Role.DECODE,
+            decode_kv,
+            KV,
+        )
+        for w in current.workers
+    )
+
+
+def _off_prefill(report: CycleReport) -> list[str]:
+    """The measured loop's role changes that take a worker out of the prefill pool."""
+    if not (report.decision.propose and "at risk" in report.decision.reason):
+        return []
+    return [
+        m.reason
+        for m in report.plan.moves
+        if m.kind is MoveKind.ROLE_CHANGE and m.source is not None and m.source.role is Role.PREFILL
+    ]
+
+
+def _moved(current: Placement, report: CycleReport) -> Placement:
+    """``current`` once the proposed role changes have landed."""
+    to = {
+        m.source.worker_id: m.target
+        for m in report.plan.moves
+        if m.kind is MoveKind.ROLE_CHANGE and m.source is not None and m.target is not None
+    }
+    return Placement(tuple(to.get(w.worker_id, w) for w in current.workers))
+
+
+def test_an_owned_fleet_whose_shortage_alternates_gives_back_at_most_the_lent_worker() -> None:
+    # A fleet near its capacity (issue 11, Mooncake at x2): prompts queue while the decode
+    # pool reads well (it is fed slowly), so a decode worker moves to prefill; the prefill
+    # pool then drains its backlog, still missing its TTFT for a while, into the decode
+    # pool, which now misses its TBT with hand-offs queued. The prefill pool reads well at
+    # that moment only because it has just been given a worker: it may undo that move, but
+    # moving out more than it was lent overshoots, and the next reading swings them back
+    # (issue 11, Mooncake at x2: one worker in, three out, two in, three out).
+    clock = ManualClock(1000.0)
+    monitor = SloMonitor(clock)
+    cycle = _cycle(clock, monitor)
+    inp, current = _owned(6.0, 6000, 400), _split()
+    first = None
+    for queue in (2, 4, 8, 16, 32, 64):  # prefill short, decode pool at 19 % of its KV
+        _report(
+            monitor,
+            current,
+            ttft_p99=9000,
+            prompt_queue=queue,
+            tbt_p99=60,
+            handoffs=0,
+            decode_kv=190_000,
+        )
+        first = cycle.run(inp, current)
+        clock.advance(10.0)
+        if _role_changes(first):
+            break
+    assert first is not None and _role_changes(first), first and first.decision.reason
+    current = _moved(current, first)
+    prefill = {w.worker_id for w in current.workers if w.role is Role.PREFILL}
+    assert len(prefill) == 4, current
+    back: list[str] = []
+    for ttft, queue in ((6000, 16), (4000, 4)):  # the prefill pool drains its backlog
+        _report(
+            monitor,
+            current,
+            ttft_p99=ttft,
+            prompt_queue=queue,
+            tbt_p99=80,
+            handoffs=0,
+            decode_kv=600_000,
+        )
+        back += _off_prefill(cycle.run(inp, current))
+        clock.advance(10.0)
+    for handoffs in (2, 4, 8, 16, 32, 64, 128, 256):  # now decode short, prefill reads well
+        _report(
+            monitor,
+            current,
+            ttft_p99=900,
+            prompt_queue=0,
+            tbt_p99=400,
+            handoffs=handoffs,
+            decode_kv=995_000,
+        )
+        back += _off_prefill(cycle.run(inp, current))
+        clock.advance(10.0)
+    assert len(back) <= 1, f"the prefill pool, lent one worker, gave back {back}"

@@ -156,6 +156,9 @@ class PlanningCycle:
         self._slo = slo_monitor
         self._loop = loop or LoopConfig()
         self._quiet_until = -math.inf
+        # per model and phase: when the last worker the loop moved into that phase's pool
+        # landed, and how many it holds on loan (received, less those given back since)
+        self._lent: dict[str, dict[Phase, tuple[float, int]]] = {}
 
     def run(self, inp: PlanningInput, current: Placement) -> CycleReport:
         """The periodic pass: efficiency, the plan, and whether to propose it now."""
@@ -352,6 +355,7 @@ class PlanningCycle:
             adding = self._capacity_plan(inp, current, risky, plan)
             if adding.moves:
                 landed = max(m.duration_s for m in adding.moves)
+                self._note_loans(adding.moves, now)
                 self._quiet_until = now + max(self._loop.min_risk_interval_s, landed)
                 why = "; ".join(f"{n}: {a.reason}" for n, a in risky.items()) or (
                     f"the model serves {predicted:.1%} of the burst-sized demand"
@@ -429,18 +433,24 @@ class PlanningCycle:
         risk lies in one phase, and the pool that gives the worker has measured spare
         (``SloAssessment.prefill_spare``, ``decode_spare``: its own latency within target,
         no worker waiting on a full KV, its queue not growing over a fully observed horizon,
-        its KV fitting on the workers that stay). An owned fleet saturated in both phases
-        has no such pool; re-roling it on every "at risk" traded one shortage for the other
-        at each pass (issue 11: 16-23 moves on Mooncake at x4, half the goodput of none), so
-        its roles are left to the gated path, which weighs a re-role's gain against its
-        cost. A fleet that can start workers keeps the role changes of its capacity plan:
-        the rule cost its cost-mode runs up to 3 points of SLO on the tuning rows."""
+        its KV fitting on the workers that stay), and a pool the loop has just given workers
+        gives back at most those until its margin has held since (``_unlent``). An owned
+        fleet saturated in both phases has no such pool; re-roling it on every "at risk"
+        traded one shortage for the other at each pass (issue 11: 16-23 moves on Mooncake at
+        x4, half the goodput of none), so its roles are left to the gated path, which weighs
+        a re-role's gain against its cost. A fleet that can start workers keeps the role
+        changes of its capacity plan: the rule cost its cost-mode runs up to 3 points of SLO
+        on the tuning rows (and with the loan cap too, issue 11 Round 10)."""
         if not risky:
             return _only(plan, lambda m: m.kind is MoveKind.START)
         demand = dict(inp.demand)
         short: set[Phase] = set()
         owned = _floor_bound(inp, current)
-        spare = {name: _spare_counts(a) for name, a in risky.items() if name in owned}
+        spare = {
+            name: self._unlent(inp, name, _spare_counts(a))
+            for name, a in risky.items()
+            if name in owned
+        }
         # The model already thought the placement enough (it may carry many times the demand
         # on paper), so the short phase is sized from what the placement carries, not from
         # the demand alone.
@@ -471,7 +481,50 @@ class PlanningCycle:
         adding = _only(starts, lambda m: _adds(m, short))
         return replace(adding, moves=_within_spare(adding.moves, short, spare))
 
+    def _unlent(self, inp: PlanningInput, name: str, spare: dict[Phase, int]) -> dict[Phase, int]:
+        """``spare`` less what a pool holds only on loan.
 
+        A pool that has just been given a worker reads well because that worker relieved
+        it, so its measured spare at that moment is no evidence of margin of its own: near
+        capacity a shortage alternating between the phases then swung ever more workers each
+        pass (issue 11, Mooncake at x2: one worker in, three back out, two in, three out).
+        Until the pool's own margin has held at every round since the loan landed, over the
+        growth test's full horizon (``SloMonitor.pool_held``), it may give back at most the
+        workers it was lent: undoing a move stays possible, overshooting it is not. A loan
+        older than the monitor's window is forgotten. No new threshold: the horizon, the
+        window and the target are the monitor's own."""
+        loans = self._lent.get(name)
+        if not loans or self._slo is None or self._clock is None:
+            return spare
+        forgotten = self._clock() - self._slo.config.window_s
+        for p in [p for p, (since, _) in loans.items() if since < forgotten]:
+            del loans[p]
+        slo = inp.slo(name)
+        thresholds = SloThresholds(slo.ttft_ms, slo.tbt_ms)
+        out = dict(spare)
+        for p, (since, lent) in loans.items():
+            if p in out and not self._slo.pool_held(name, _POOL[p], thresholds, since):
+                out[p] = min(out[p], lent)
+        return out
+
+    def _note_loans(self, moves: Iterable[Move], now: float) -> None:
+        """Book the measured loop's role changes: a phase a worker starts serving holds it
+        on loan from when it lands; a phase it stops serving has given one of its loans back."""
+        for m in moves:
+            if m.kind is not MoveKind.ROLE_CHANGE or m.source is None or m.target is None:
+                continue
+            loans = self._lent.setdefault(m.model, {})
+            before, after = _SERVES[m.source.role], _SERVES[m.target.role]
+            for p in after - before:
+                lent = loans[p][1] if p in loans else 0
+                loans[p] = (now + m.duration_s, lent + 1)
+            for p in before - after:
+                if p in loans:
+                    since, lent = loans[p]
+                    loans[p] = (since, max(lent - 1, 0))
+
+
+_POOL = {Phase.PREFILL: Role.PREFILL, Phase.DECODE: Role.DECODE}
 _SERVES = {
     Role.PREFILL: {Phase.PREFILL},
     Role.DECODE: {Phase.DECODE},

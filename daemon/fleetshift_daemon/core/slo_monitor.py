@@ -351,6 +351,32 @@ class SloMonitor:
             spare += 1
         return spare
 
+    def pool_held(self, model: str, role: Role, slo: SloThresholds, since: float) -> bool:
+        """Whether the pool of ``role`` workers has had margin at every round after ``since``,
+        over at least the growth test's horizon (``queue_growth_rounds + 1`` rounds): its own
+        latency (TTFT for prefill, TBT for decode) within the target, and none of its workers
+        waiting behind a full KV, in each of them. Margin that has held since a move, not one
+        reading: a pool just given a worker reads well because that worker relieved it."""
+        cfg = self._cfg
+        own = (
+            SloThresholds(slo.ttft_ms, math.inf)
+            if role is Role.PREFILL
+            else SloThresholds(math.inf, slo.tbt_ms)
+        )
+        with self._lock:
+            state = self._models.get(model)
+            rounds = [r for r in state.rounds if r.at > since] if state else []
+            if len(rounds) < cfg.queue_growth_rounds + 1:
+                return False
+            for r in rounds:
+                pool = [s for s in r.samples.values() if s.role is role]
+                share = _weighted(pool, own)
+                if share is not None and share < cfg.target:  # none measured misses nothing
+                    return False
+                if any(s.memory_bound(cfg.kv_full_fraction) for s in pool):
+                    return False
+            return True
+
     def _queue_growing(self, state: _ModelState, counted: Callable[[LatencySample], bool]) -> bool:
         """The summed queue of the workers ``counted`` picks (each worker's latest report as
         of each round) rose in each of the last rounds and ended well above where the rise
