@@ -187,6 +187,27 @@ def test_unsatisfiable_minimum_workers_fail_naming_the_field() -> None:
     assert exc.value.field == "min_workers"
 
 
+def test_a_solve_that_runs_out_of_time_before_any_placement_is_tried_again() -> None:
+    """On a loaded host HiGHS can hit the 1 s limit before presolve ends: that is a slow
+    host, not an impossible fleet, and must not read as FailedPrecondition on min_workers."""
+    from fleetshift_common.errors import Unavailable
+
+    inp = planning_input(
+        h100_h200_fleet(),
+        [ModelSpec(llama2_70b(), tp_options=(2, 4, 8))],
+        [ModelDemand(M70, 5.0, 200, 1500)],
+        default_slo=SLO,
+    )
+    unhurried = Planner(PerfModel()).solve(inp)
+    starved = Planner(PerfModel(), PlannerConfig(time_limit_s=1e-9)).solve(inp)
+    assert starved.placement == unhurried.placement
+    assert starved.status == "optimal"
+
+    never = PlannerConfig(time_limit_s=1e-9, retry_time_limit_s=1e-9)
+    with pytest.raises(Unavailable, match="no placement within 1e-09 s.*host is too slow"):
+        Planner(PerfModel(), never).solve(inp)
+
+
 def test_worker_capacities_keep_the_slo_they_are_computed_for() -> None:
     planner = Planner(PerfModel())
     slo = SloTarget(ttft_ms=1500, tbt_ms=60)

@@ -35,12 +35,13 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp  # type: ignore[import-untyped]
 from scipy.sparse import coo_matrix, csr_matrix, hstack  # type: ignore[import-untyped]
 
-from fleetshift_common.errors import FailedPrecondition, InvalidArgument, NotFound
+from fleetshift_common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from fleetshift_daemon.core.corrections import Phase
 from fleetshift_daemon.core.errors import UnknownGpuKind, UnsupportedDeployment
 from fleetshift_daemon.core.gpus import GpuKind
@@ -116,6 +117,11 @@ class PlannerConfig:
     max_prefill_batch: int = 64
     mip_rel_gap: float = 1e-2  # of (unserved demand + weighted cost), see _Lp._run
     time_limit_s: float = 1.0  # HiGHS then returns its best placement so far (see status)
+    # A solve stopped by time_limit_s before it found any placement is tried once more with
+    # this limit: on a loaded host the 1 s can run out before presolve ends, and "no
+    # placement" would then read as an impossible fleet (FailedPrecondition naming
+    # min_workers) when it is only a slow one.
+    retry_time_limit_s: float = 30.0
     # The whole fleet's $/hour is worth this fraction of the demanded goodput in the objective:
     # goodput decides, cost breaks ties between placements within that fraction.
     cost_weight: float = 1e-3
@@ -441,6 +447,7 @@ def _key_order(k: OptionKey) -> tuple[str, str, str, int, str]:
 
 
 _K = 1000.0  # token rates inside the LP are in thousands of tokens/s
+_LIMIT_REACHED = 1  # scipy.optimize.milp's status: an iteration or time limit stopped it
 
 
 class _Lp:
@@ -549,16 +556,24 @@ class _Lp:
         integrality = np.zeros(self.nvar + 1)
         if integral:
             integrality[: self.n_o] = 1
-        res = milp(
-            np.append(c, offset),
-            constraints=cons,
-            integrality=integrality,
-            bounds=Bounds(np.append(lo, 1.0), np.append(hi, 1.0)),
-            options={
-                "mip_rel_gap": self.cfg.mip_rel_gap,
-                "time_limit": self.cfg.time_limit_s,
-            },
-        )
+
+        def solve(limit_s: float) -> Any:
+            return milp(
+                np.append(c, offset),
+                constraints=cons,
+                integrality=integrality,
+                bounds=Bounds(np.append(lo, 1.0), np.append(hi, 1.0)),
+                options={"mip_rel_gap": self.cfg.mip_rel_gap, "time_limit": limit_s},
+            )
+
+        res = solve(self.cfg.time_limit_s)
+        if res.x is None and res.status == _LIMIT_REACHED:
+            res = solve(max(self.cfg.retry_time_limit_s, self.cfg.time_limit_s))
+        if res.x is None and res.status == _LIMIT_REACHED:
+            raise Unavailable(
+                f"the solver found no placement within {self.cfg.retry_time_limit_s:g} s "
+                f"({res.message}): the host is too slow or too loaded, not the fleet too small"
+            )
         if res.x is None:
             raise FailedPrecondition(
                 f"no placement satisfies the constraints ({res.message})", field="min_workers"
