@@ -174,35 +174,30 @@ class _Split:
         async with self.channels.lend(routed.endpoint) as ch:
             prefill = stub(worker_pb2_grpc.WorkerServiceStub, ch)
             call = prefill.Generate(first)
-            async for msg in call:
-                received = msg.index + 1
-                yield msg
-                if msg.finished:
+            try:
+                async for msg in call:
+                    received = msg.index + 1
+                    yield msg
+                    if msg.finished:
+                        return
+                    if exported is not None:
+                        continue
+                    exported = await self._export(prefill, sid, routed.endpoint, received)
+                    if exported.blob:
+                        call.cancel()
+                        break
+                else:
                     return
-                if exported is not None:
-                    continue
-                try:
-                    exported = await prefill.ExportSession(
-                        worker_pb2.ExportSessionRequest(session_id=sid, with_kv=True, release=True),
-                        timeout=30,
-                    )
-                except grpc.aio.AioRpcError as err:
-                    # It finished meanwhile, or cannot leave: the prefill worker serves it to
-                    # its end (asked once: a refusal per token would double every step's work).
-                    log.info(
-                        "session %s stays on prefill worker %s after %d tokens: export "
-                        "refused (%s: %s)",
-                        sid,
-                        routed.endpoint,
-                        received,
-                        err.code().name,
-                        err.details(),
-                    )
-                    exported = worker_pb2.ExportSessionResponse()
-                    continue
-                call.cancel()
-                break
-            else:
+            except grpc.aio.AioRpcError as err:
+                if received or err.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                # Refused before its first token (stopped by a move or a scale-down, draining):
+                # the session never existed there, so it is routed afresh, as a colocated one.
+                self.on_refused(routed.endpoint, err)
+                async for msg in routed_session(
+                    self.daemon, self.route, request, channel_for=self.channels.lend
+                ):
+                    yield msg
                 return
         endpoint = await self._place(sid, exported.blob, [routed.decode_endpoint, routed.endpoint])
         resume = worker_pb2.GenerateRequest(resume_session_id=sid, resume_from_token=received)
@@ -210,6 +205,29 @@ class _Split:
             self.daemon, endpoint, resume, channel_for=self.channels.lend
         ):
             yield msg
+
+    async def _export(
+        self, prefill: worker_pb2_grpc.WorkerServiceStub, sid: str, endpoint: str, received: int
+    ) -> worker_pb2.ExportSessionResponse:
+        """The session with its KV, released by the prefill worker; an empty answer when it
+        finished meanwhile or cannot leave: the prefill worker then serves it to its end
+        (asked once: a refusal per token would double every step's work)."""
+        try:
+            exported: worker_pb2.ExportSessionResponse = await prefill.ExportSession(
+                worker_pb2.ExportSessionRequest(session_id=sid, with_kv=True, release=True),
+                timeout=30,
+            )
+            return exported
+        except grpc.aio.AioRpcError as err:
+            log.info(
+                "session %s stays on prefill worker %s after %d tokens: export refused (%s: %s)",
+                sid,
+                endpoint,
+                received,
+                err.code().name,
+                err.details(),
+            )
+            return worker_pb2.ExportSessionResponse()
 
     async def _place(self, sid: str, blob: bytes, preferred: list[str]) -> str:
         """The endpoint that took the session: the first of ``preferred`` that imports it,

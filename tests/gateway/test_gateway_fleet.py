@@ -622,6 +622,30 @@ def test_split_fallback_routes_afresh_when_neither_worker_of_the_pair_takes_the_
     assert traffic_requests(fleet) == before_mix + 1  # the re-route was not counted again
 
 
+def test_a_split_answer_whose_prefill_worker_is_gone_is_routed_afresh(
+    served: tuple[LocalFleet, str, str], model_dir: Path
+) -> None:
+    """A split answer names a prefill worker that a move or a scale-down stops before the
+    session opens there (the demo saw one such request fail as "daemon unavailable"): the
+    worker refuses the opening Generate with UNAVAILABLE, the session never existed there,
+    and the gateway asks Route again (a re-route, not counted twice) and serves the request
+    on the worker it names: a direct run's tokens exactly, in order, once."""
+    fleet, _, _ = served
+    prefill, decode = asyncio.run(_split_pool(fleet))
+    seeded = ("gone-prefill", [(7 * i) % 4000 + 5 for i in range(40)], 0.9, 1357)
+    reference = asyncio.run(_direct_runs(prefill.endpoint, [seeded], SHORT))["gone-prefill"]
+    before_mix = traffic_requests(fleet)
+    before = asyncio.run(_counters(decode.endpoint))
+    served_by = asyncio.run(_rerouted_split(fleet, model_dir, prefill, seeded, on="/Generate"))
+    after = asyncio.run(_wait_idle(decode.endpoint))
+    assert served_by.tokens == reference
+    assert served_by.refusals == [(prefill.endpoint, "UNAVAILABLE")]  # stopped before it opened
+    assert after.decode_tokens == before.decode_tokens  # served whole where the Route said
+    mixed = asyncio.run(_wait_idle(served_by.third.endpoint))
+    assert mixed.decode_tokens >= SHORT - 3  # the worker the fresh Route named served it
+    assert traffic_requests(fleet) == before_mix + 1  # the re-route was not counted again
+
+
 @dataclass
 class _Rerouted:
     tokens: list[int]
@@ -629,18 +653,35 @@ class _Rerouted:
     third: fpb.WorkerStatus  # the mixed worker started meanwhile
 
 
-class _ScaleDownBeforeReturn(grpc.aio.UnaryUnaryClientInterceptor):
-    """On the prefill worker's channel: before the session comes back to it (ImportSession),
-    start a mixed worker on h100-b and stop the prefill worker, then let the call go on."""
+class _ScaleDownBefore:
+    """On the prefill worker's channel: before the call to method ``on`` (ImportSession: the
+    session coming back to it; Generate: the session opening there), start a mixed worker on
+    h100-b and stop the prefill worker, then let the call go on. ``interceptors`` are its two
+    faces: a grpc.aio channel files an interceptor under one call kind only."""
 
-    def __init__(self, fleet: LocalFleet, prefill_id: str) -> None:
-        self.fleet, self.prefill_id = fleet, prefill_id
+    def __init__(self, fleet: LocalFleet, prefill_id: str, on: str) -> None:
+        self.fleet, self.prefill_id, self.on = fleet, prefill_id, on
         self.third: fpb.WorkerStatus | None = None
 
-    async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+    def interceptors(self) -> list[grpc.aio.ClientInterceptor]:
+        scale_down = self._scale_down
+
+        class Unary(grpc.aio.UnaryUnaryClientInterceptor):
+            async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+                await scale_down(details)
+                return await continuation(details, request)
+
+        class Streamed(grpc.aio.UnaryStreamClientInterceptor):
+            async def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
+                await scale_down(details)
+                return await continuation(details, request)
+
+        return [Unary(), Streamed()]
+
+    async def _scale_down(self, details: grpc.aio.ClientCallDetails) -> None:
         method = details.method
         method = method.decode() if isinstance(method, bytes) else method
-        if method.endswith("/ImportSession") and self.third is None:
+        if method.endswith(self.on) and self.third is None:
             async with grpc.aio.insecure_channel(self.fleet.daemon_address) as ch:
                 ops = pb_grpc.OperationsStub(ch)
                 start = pb.StartFleetWorkerRequest(
@@ -653,15 +694,14 @@ class _ScaleDownBeforeReturn(grpc.aio.UnaryUnaryClientInterceptor):
                     await asyncio.sleep(0.2)
                 stop = pb.StopFleetWorkerRequest(worker_id=self.prefill_id)
                 await ops.StopWorker(stop, timeout=60)
-        return await continuation(details, request)
 
 
 class _Channels(WorkerChannels):
-    """The gateway's channels, the prefill worker's through ``interceptor``."""
+    """The gateway's channels, the prefill worker's through ``interceptors``."""
 
-    def __init__(self, special: str, interceptor: grpc.aio.ClientInterceptor) -> None:
+    def __init__(self, special: str, interceptors: list[grpc.aio.ClientInterceptor]) -> None:
         super().__init__()
-        self.special = grpc.aio.insecure_channel(special, interceptors=[interceptor])
+        self.special = grpc.aio.insecure_channel(special, interceptors=interceptors)
         self.special_endpoint = special
 
     @asynccontextmanager
@@ -682,6 +722,7 @@ async def _rerouted_split(
     model_dir: Path,
     prefill: fpb.WorkerStatus,
     session: tuple[str, list[int], float, int | None],
+    on: str = "/ImportSession",
 ) -> _Rerouted:
     _, prompt, temperature, seed = session
     gen = Generation(
@@ -694,8 +735,8 @@ async def _rerouted_split(
         stream=True,
         include_usage=False,
     )
-    scale_down = _ScaleDownBeforeReturn(fleet, prefill.worker_id)
-    channels = _Channels(prefill.endpoint, scale_down)
+    scale_down = _ScaleDownBefore(fleet, prefill.worker_id, on)
+    channels = _Channels(prefill.endpoint, scale_down.interceptors())
     refusals: list[tuple[str, str]] = []
 
     def refused(endpoint: str, err: grpc.aio.AioRpcError) -> None:
@@ -708,7 +749,7 @@ async def _rerouted_split(
             tokens = [m.token async for m in serve(router, channels, gen, sid, refused)]
     finally:
         await channels.close()
-    assert scale_down.third is not None, "the session never came back to the prefill worker"
+    assert scale_down.third is not None, f"the prefill worker never saw {on}"
     return _Rerouted(tokens, refusals, scale_down.third)
 
 
