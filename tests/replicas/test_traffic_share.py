@@ -121,3 +121,42 @@ def test_a_publication_retried_after_its_commit_is_counted_once(engine: Engine) 
     assert b.window() == sorted(answered)
     assert store.wrote == [True, False, True]  # the copy was refused, the next one written
     assert a.share.published == 8
+
+
+class AnswersWhilePublishing(SqlArrivalStore):
+    """The real store; Route answers ``calls`` more on the replica while each publication is
+    being written, as it does on a loaded replica."""
+
+    def __init__(self, engine: Engine, calls: list[int]) -> None:
+        super().__init__(engine)
+        self.replica: Replica | None = None
+        self.calls = calls
+        self.rows: list[int] = []  # arrivals per publication written
+
+    def publish(self, replica: str, batch: int, by_model: Any) -> bool:
+        assert self.replica is not None
+        if self.calls:
+            self.replica.answer([self.calls.pop(0)])
+        self.rows.append(sum(len(a) for a in by_model.values()))
+        return super().publish(replica, batch, by_model)
+
+
+def test_a_round_writes_one_publication_and_calls_answered_meanwhile_go_in_the_next(
+    engine: Engine,
+) -> None:
+    """fs-17g: a round also published, at once, the calls answered while its publication was
+    written: a second row and transaction nearly every round under load. Now they wait for the
+    next round, and every replica still counts each call once."""
+    leader, token = ["b"], [SqlLeaseStore(engine).acquire("b", "b:1", ttl_s=60).token]
+    store = AnswersWhilePublishing(engine, [500, 501, 502])
+    a, b = Replica(engine, "a", leader, token, store), Replica(engine, "b", leader, token)
+    store.replica = a
+    answered = a.answer(range(100, 110))
+    a.share.step()
+    assert store.rows == [10]  # one publication; 500 was answered while it was written
+    a.share.step()
+    assert store.rows == [10, 1]  # 500 now; 501 answered meanwhile, for the next round
+    rounds([a, b], 2)
+    assert store.rows == [10, 1, 1, 1]
+    assert b.window() == sorted([*answered, 500, 501, 502])
+    assert a.share.published == 13
