@@ -160,3 +160,26 @@ def test_a_round_writes_one_publication_and_calls_answered_meanwhile_go_in_the_n
     assert store.rows == [10, 1, 1, 1]
     assert b.window() == sorted([*answered, 500, 501, 502])
     assert a.share.published == 13
+
+
+def test_a_joining_replica_merges_only_what_its_window_can_keep(engine: Engine) -> None:
+    """fs-17g: a first round reads back over the whole window; it merged every arrival, though
+    the window keeps only its newest ``max_requests`` (600,000 merged to keep 50,000 at
+    2,000 Route/s). Now rows wholly older than those are skipped, and the window is the same."""
+    leader, token = ["a"], [SqlLeaseStore(engine).acquire("a", "a:1", ttl_s=60).token]
+    a = Replica(engine, "a", leader, token)
+    answered: list[int] = []
+    for second in range(5):  # five publications of 30 calls, oldest first
+        answered += a.answer(range(100 * second + 1, 100 * second + 31))
+        a.share.step()
+        time.sleep(0.01)  # each publication's calls strictly newer than the last's
+    joiner = Replica(engine, "j", leader, token)
+    joiner.traffic = TrafficMonitor(time.time, TrafficConfig(window_s=300, max_requests=50))
+    joiner.share = TrafficShare(
+        joiner.traffic, SqlArrivalStore(engine), "j", lambda: False, time.time
+    )
+    joiner.share.step()
+    assert joiner.window() == sorted(answered[-50:])  # the newest 50, as merging all gives
+    assert joiner.share.taken_in == 60  # the two newest publications; three never merged
+    joiner.share.step()
+    assert joiner.share.taken_in == 60  # and the skipped rows are not read again
