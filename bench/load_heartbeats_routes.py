@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
+import json
 import os
 import random
 import subprocess
@@ -40,6 +42,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -76,7 +79,12 @@ def drop_database(name: str) -> None:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def start_daemon(tmp: Path, url: str) -> tuple[subprocess.Popen[bytes], int]:
+PROBE_DIR = Path(__file__).parent / "loop_probe"
+
+
+def start_daemon(
+    tmp: Path, url: str, probe: str = "", src: str = ""
+) -> tuple[subprocess.Popen[bytes], int]:
     config = tmp / "daemon.toml"
     config.write_text(
         f'listen = "127.0.0.1:0"\nstate_dir = "{tmp}"\nport_file = "{tmp / "port"}"\n'
@@ -86,10 +94,18 @@ def start_daemon(tmp: Path, url: str) -> tuple[subprocess.Popen[bytes], int]:
         "[planner]\ninterval_s = 30\n"
         '[[models]]\nname = "llama-70b"\npreset = "llama2-70b"\ntp_options = [4, 8]\n'
     )
+    env = dict(os.environ)
+    if src:  # a daemon from another source tree (``--before-src``)
+        root = Path(src).resolve()
+        env["PYTHONPATH"] = os.pathsep.join(str(root / d) for d in ("daemon", "common", "proto"))
+    if probe:  # event-loop lag and GC pauses inside the daemon (bench/loop_probe)
+        path = os.pathsep.join(p for p in (str(PROBE_DIR), env.get("PYTHONPATH", "")) if p)
+        env.update(PYTHONPATH=path, FLEETSHIFT_PROBE_OUT=probe)
     proc = subprocess.Popen(
         [sys.executable, "-m", "fleetshift_daemon.main", "--config", str(config)],
         stdout=subprocess.DEVNULL,
         stderr=open(tmp / "daemon.log", "wb"),  # noqa: SIM115
+        env=env,
     )
     for _ in range(1200):
         port_file = tmp / "port"
@@ -135,6 +151,7 @@ class Load:
         routes_per_s: float,
         seconds: float,
         route_client: str = "unary",
+        split: bool = False,
     ) -> None:
         self.address, self.nodes, self.routes_per_s, self.seconds = (
             address,
@@ -144,6 +161,14 @@ class Load:
         )
         self.addresses = address.split(",")  # every replica: agents heartbeat each
         self.route_client = route_client
+        # True: the agents' heartbeats come from a process of their own, so the Route client's
+        # event loop and core share are its own (the same load, a separate load generator).
+        self.split = split
+        self.route_events: list[tuple[float, float]] = []  # (wall time sent, latency s)
+        self.client_lags: list[tuple[float, float]] = []  # the Route client's own loop
+        self.client_ticks = 0
+        self.agents_cores = 0.0  # the agents' process, when split
+        self.window = (0.0, 0.0)  # wall time of the measured run
         self.hb_latency: list[float] = []
         self.hb_gaps: list[float] = []
         self.route_latency: list[float] = []
@@ -201,9 +226,48 @@ class Load:
                     pb.RouteRequest(model="llama-70b", prompt_tokens=rng.randint(50, 4000)),
                     timeout=5,
                 )
-                self.route_latency.append(time.perf_counter() - t0)
+                took = time.perf_counter() - t0
+                self.route_latency.append(took)
+                self.route_events.append((time.time() - took, took))
             except grpc.aio.AioRpcError:
                 self.failures["route"] += 1
+
+    async def lag_probe(self, end: float) -> None:
+        """How late this process's event loop wakes a 5 ms sleep (as bench/loop_probe does
+        inside the daemons): a late wake delays every Route reply this loop reads."""
+        while time.perf_counter() < end:
+            asked = time.perf_counter()
+            await asyncio.sleep(0.005)
+            late = time.perf_counter() - asked - 0.005
+            self.client_ticks += 1
+            if late > 0.002:
+                self.client_lags.append((time.time(), late))
+
+    async def agents_only(self, end: float) -> None:
+        """The heartbeat half of the load alone (``--agents-only``, the split mode's child)."""
+        per_replica = [[grpc.aio.insecure_channel(a) for _ in range(8)] for a in self.addresses]
+        await asyncio.gather(
+            *(
+                self.agent(channels[n % 8], n, end)
+                for channels in per_replica
+                for n in range(self.nodes)
+            )
+        )
+        for ch in (c for channels in per_replica for c in channels):
+            await ch.close()
+
+    def spawn_agents(self, out: Path) -> subprocess.Popen[bytes]:
+        cmd = [
+            sys.executable, __file__, "--agents-only", str(out), "--address", self.address,
+            "--nodes", str(self.nodes), "--minutes", str(self.seconds / 60),
+        ]  # fmt: skip
+        return subprocess.Popen(cmd)
+
+    def merge_agents(self, out: Path) -> None:
+        data = json.loads(out.read_text())
+        self.hb_latency, self.hb_gaps = data["hb_latency"], data["hb_gaps"]
+        self.failures["heartbeat"] = data["failed"]
+        self.agents_cores = data["cores"]
 
     async def watch_lost(self, ch: grpc.aio.Channel, end: float) -> None:
         """Nodes the daemon declares lost once every agent heartbeats (registering 1,000 nodes
@@ -250,17 +314,24 @@ class Load:
                 await asyncio.sleep(5)
 
         streams = 64
+        agents_out = Path(tempfile.mkdtemp()) / "agents.json"
+        child = self.spawn_agents(agents_out) if self.split else None
         await asyncio.gather(
             sample(),
+            self.lag_probe(end),
             self.watch_lost(per_replica[0][0], end),
             *(
                 self.agent(channels[n % 8], n, end)
-                for channels in per_replica
+                for channels in ([] if self.split else per_replica)
                 for n in range(self.nodes)
             ),
             *(self.router(routers[k % 8], end, k, streams) for k in range(streams)),
         )
         self.client_cores = (time.process_time() - self.client_cpu0) / (time.perf_counter() - start)
+        self.window = (time.time() - (time.perf_counter() - start), time.time())
+        if child is not None:
+            child.wait(timeout=120)
+            self.merge_agents(agents_out)
         for ch in [*routers, *(c for channels in per_replica for c in channels)]:
             await ch.close()
         return samples
@@ -270,14 +341,91 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values) * 1000, q)) if values else float("nan")
 
 
-def start_replicas(tmp: Path, url: str, count: int) -> list[tuple[subprocess.Popen[bytes], int]]:
+def start_replicas(
+    tmp: Path, url: str, count: int, probe: bool = False, src: str = ""
+) -> list[tuple[subprocess.Popen[bytes], int]]:
     """``count`` daemons on one database (PostgreSQL for more than one)."""
     started = []
     for i in range(count):
         home = tmp / f"replica-{i}"
         home.mkdir()
-        started.append(start_daemon(home, url))
+        started.append(start_daemon(home, url, str(home / "probe") if probe else "", src))
     return started
+
+
+def in_window(events: list[Any], window: tuple[float, float]) -> list[Any]:
+    return [e for e in events if window[0] <= e[0] <= window[1]]
+
+
+def lag_line(name: str, lags: list[tuple[float, float]], ticks: int, seconds: float) -> str:
+    late = [x for _, x in lags]
+    over = [sum(x > limit for x in late) for limit in (0.010, 0.050, 0.100)]
+    return (
+        f"  {name}: "
+        + (f"{ticks:,} wakes; " if ticks else "")
+        + f"late > 10 / 50 / 100 ms: {over[0]} / {over[1]} / {over[2]}; "
+        f"max {1e3 * max(late, default=0):.0f} ms; stalled {sum(late):.2f} s of {seconds:.0f} s"
+    )
+
+
+def overlapping(
+    routes: list[tuple[float, float]], stalls: list[tuple[float, float]], min_stall: float
+) -> int:
+    """Routes whose flight [sent, sent + latency] overlaps a stall [woke - late, woke]."""
+    spans = sorted((woke - late, woke) for woke, late in stalls if late >= min_stall)
+    starts = [a for a, _ in spans]
+    count = 0
+    for sent, took in routes:
+        i = bisect.bisect_left(starts, sent + took)  # stalls that began before the reply
+        count += any(b > sent for _, b in spans[max(0, i - 50) : i])
+    return count
+
+
+def probe_report(load: Load, pids: list[int], tmp: Path) -> None:
+    """Where the Route tail sits: the client's loop, each daemon's loop, GC pauses."""
+    window = load.window
+    seconds = window[1] - window[0]
+    routes = in_window(load.route_events, window)
+    if not routes:
+        return
+    cut = float(np.percentile([t for _, t in routes], 99))
+    slow = [r for r in routes if r[1] >= cut]
+    print(f"tail probe: {len(slow)} Routes at or over p99 ({1e3 * cut:.1f} ms)")
+    client = in_window(load.client_lags, window)
+    print(lag_line("load generator's loop", client, load.client_ticks, seconds))
+    daemon_stalls: list[tuple[float, float]] = []
+    print(
+        f"  load generator CPU {load.client_cores:.2f} cores"
+        + (f", agents' process {load.agents_cores:.2f} cores" if load.split else "")
+    )
+    for i, pid in enumerate(pids):
+        path = tmp / f"replica-{i}" / f"probe.{pid}.json"
+        if not path.exists():
+            print(f"  replica {i}: no probe file")
+            continue
+        data = json.loads(path.read_text())
+        lags = in_window([tuple(x) for x in data["lags"]], window)
+        gcs = in_window([tuple(x) for x in data["gcs"]], window)
+        print(lag_line(f"replica {i} loop", lags, 0, seconds))
+        by_gen = {g: [d for _, gen, d in gcs if gen == g] for g in (0, 1, 2)}
+        print(
+            "  replica "
+            + f"{i} GC: "
+            + "; ".join(
+                f"gen{g} {len(d)} runs, max {1e3 * max(d, default=0):.1f} ms, total {sum(d):.2f} s"
+                for g, d in by_gen.items()
+            )
+        )
+        daemon_stalls += lags
+        overlap_gc = overlapping(slow, [(t, d) for t, _, d in gcs], 0.005)
+        print(f"  replica {i}: slow Routes overlapping one of its GC pauses >= 5 ms: {overlap_gc}")
+    for limit in (0.010, 0.050):
+        c = overlapping(slow, client, limit)
+        d = overlapping(slow, daemon_stalls, limit)
+        print(
+            f"  slow Routes overlapping a stall >= {1e3 * limit:.0f} ms: load generator's loop "
+            f"{c} ({100 * c / len(slow):.0f} %), a daemon's loop {d} ({100 * d / len(slow):.0f} %)"
+        )
 
 
 def report(load: Load, samples: list[tuple[float, float, int]], args: argparse.Namespace) -> None:
@@ -316,26 +464,47 @@ def report(load: Load, samples: list[tuple[float, float, int]], args: argparse.N
     print(f"load average now: {os.getloadavg()[0]:.1f}", flush=True)
 
 
-def run_setup(args: argparse.Namespace, replicas_count: int, db: str, modes: list[str]) -> None:
+def run_setup(
+    args: argparse.Namespace, replicas_count: int, db: str, modes: list[str], src: str = ""
+) -> None:
     """Start ``replicas_count`` daemons on a fresh database, run the load once per Route
     client mode, report, and tear everything down."""
     args.replicas, args.db = replicas_count, db
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         url, db_name = make_database(db, tmp)
-        replicas = start_replicas(tmp, url, replicas_count)
+        replicas = start_replicas(tmp, url, replicas_count, args.probe, src)
+        print(f"=== daemons from {src or 'this tree'}", flush=True)
         address = ",".join(f"127.0.0.1:{port}" for _, port in replicas)
         pids = [proc.pid for proc, _ in replicas]
         try:
             for i, mode in enumerate(modes):
-                load = Load(address, args.nodes, args.routes_per_s, args.minutes * 60, mode)
+                split = mode.endswith("-split")
+                client = mode.removesuffix("-split")
+                load = Load(
+                    address, args.nodes, args.routes_per_s, args.minutes * 60, client, split
+                )
                 samples = asyncio.run(load.run(pids, registered=i > 0))
+                print(f"--- mode {mode}" + (" (agents in a process of their own)" if split else ""))
                 report(load, samples, args)
+                if args.probe:
+                    probe_report(load, pids, tmp)
         finally:
             for proc, _ in replicas:
                 proc.terminate()
                 proc.wait(timeout=60)
             drop_database(db_name)
+
+
+def agents_only(args: argparse.Namespace) -> None:
+    """The split mode's child: heartbeat every replica for ``--minutes``, write the figures."""
+    load = Load(args.address, args.nodes, 0.0, args.minutes * 60)
+    cpu0, start = time.process_time(), time.perf_counter()
+    asyncio.run(load.agents_only(start + load.seconds))
+    cores = (time.process_time() - cpu0) / (time.perf_counter() - start)
+    figures = {"hb_latency": load.hb_latency, "hb_gaps": load.hb_gaps}
+    figures |= {"failed": load.failures["heartbeat"], "cores": cores}
+    args.agents_only.write_text(json.dumps(figures))
 
 
 def main() -> None:
@@ -345,7 +514,26 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--routes-per-s", type=float, default=2000.0)
     parser.add_argument("--replicas", type=int, default=1, help="more than 1: PostgreSQL")
-    parser.add_argument("--route-clients", default="unary", help="unary (baseline), stream")
+    parser.add_argument(
+        "--route-clients",
+        default="unary",
+        help="unary (baseline), stream; a -split suffix (stream-split) runs the agents' "
+        "heartbeats from a process of their own instead of the Route client's",
+    )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="record event-loop lag and GC pauses in each daemon (bench/loop_probe) and in the "
+        "load generator, and which slow Routes overlap them",
+    )
+    parser.add_argument(
+        "--before-src",
+        default="",
+        help="first the same load against daemons run from this source tree (`git archive "
+        "main daemon common proto | tar -x -C DIR`): a change's before and after in one run",
+    )
+    parser.add_argument("--agents-only", type=Path, help=argparse.SUPPRESS)  # split mode child
+    parser.add_argument("--address", default="", help=argparse.SUPPRESS)
     parser.add_argument(
         "--baseline",
         action="store_true",
@@ -355,13 +543,19 @@ def main() -> None:
     args = parser.parse_args()
     if args.replicas > 1:
         args.db = "postgresql"
+    if args.agents_only:
+        agents_only(args)
+        return
     modes = args.route_clients.split(",")
-    if set(modes) - {"unary", "stream"}:
-        parser.error(f"--route-clients: unknown {sorted(set(modes) - {'unary', 'stream'})}")
+    known = {"unary", "stream", "unary-split", "stream-split"}
+    if set(modes) - known:
+        parser.error(f"--route-clients: unknown {sorted(set(modes) - known)}")
     print(f"load average at start: {os.getloadavg()[0]:.1f}", flush=True)
     replicas, db = args.replicas, args.db
     if args.baseline:
         run_setup(args, 1, "postgresql", modes)
+    if args.before_src:
+        run_setup(args, replicas, db, modes, args.before_src)
     run_setup(args, replicas, db, modes)
 
 

@@ -121,3 +121,65 @@ def test_a_publication_retried_after_its_commit_is_counted_once(engine: Engine) 
     assert b.window() == sorted(answered)
     assert store.wrote == [True, False, True]  # the copy was refused, the next one written
     assert a.share.published == 8
+
+
+class AnswersWhilePublishing(SqlArrivalStore):
+    """The real store; Route answers ``calls`` more on the replica while each publication is
+    being written, as it does on a loaded replica."""
+
+    def __init__(self, engine: Engine, calls: list[int]) -> None:
+        super().__init__(engine)
+        self.replica: Replica | None = None
+        self.calls = calls
+        self.rows: list[int] = []  # arrivals per publication written
+
+    def publish(self, replica: str, batch: int, by_model: Any) -> bool:
+        assert self.replica is not None
+        if self.calls:
+            self.replica.answer([self.calls.pop(0)])
+        self.rows.append(sum(len(a) for a in by_model.values()))
+        return super().publish(replica, batch, by_model)
+
+
+def test_a_round_writes_one_publication_and_calls_answered_meanwhile_go_in_the_next(
+    engine: Engine,
+) -> None:
+    """fs-17g: a round also published, at once, the calls answered while its publication was
+    written: a second row and transaction nearly every round under load. Now they wait for the
+    next round, and every replica still counts each call once."""
+    leader, token = ["b"], [SqlLeaseStore(engine).acquire("b", "b:1", ttl_s=60).token]
+    store = AnswersWhilePublishing(engine, [500, 501, 502])
+    a, b = Replica(engine, "a", leader, token, store), Replica(engine, "b", leader, token)
+    store.replica = a
+    answered = a.answer(range(100, 110))
+    a.share.step()
+    assert store.rows == [10]  # one publication; 500 was answered while it was written
+    a.share.step()
+    assert store.rows == [10, 1]  # 500 now; 501 answered meanwhile, for the next round
+    rounds([a, b], 2)
+    assert store.rows == [10, 1, 1, 1]
+    assert b.window() == sorted([*answered, 500, 501, 502])
+    assert a.share.published == 13
+
+
+def test_a_joining_replica_merges_only_what_its_window_can_keep(engine: Engine) -> None:
+    """fs-17g: a first round reads back over the whole window; it merged every arrival, though
+    the window keeps only its newest ``max_requests`` (600,000 merged to keep 50,000 at
+    2,000 Route/s). Now rows wholly older than those are skipped, and the window is the same."""
+    leader, token = ["a"], [SqlLeaseStore(engine).acquire("a", "a:1", ttl_s=60).token]
+    a = Replica(engine, "a", leader, token)
+    answered: list[int] = []
+    for second in range(5):  # five publications of 30 calls, oldest first
+        answered += a.answer(range(100 * second + 1, 100 * second + 31))
+        a.share.step()
+        time.sleep(0.01)  # each publication's calls strictly newer than the last's
+    joiner = Replica(engine, "j", leader, token)
+    joiner.traffic = TrafficMonitor(time.time, TrafficConfig(window_s=300, max_requests=50))
+    joiner.share = TrafficShare(
+        joiner.traffic, SqlArrivalStore(engine), "j", lambda: False, time.time
+    )
+    joiner.share.step()
+    assert joiner.window() == sorted(answered[-50:])  # the newest 50, as merging all gives
+    assert joiner.share.taken_in == 60  # the two newest publications; three never merged
+    joiner.share.step()
+    assert joiner.share.taken_in == 60  # and the skipped rows are not read again
