@@ -204,7 +204,7 @@ def test_a_solve_that_runs_out_of_time_before_any_placement_is_tried_again() -> 
     assert starved.status == "optimal"
 
     never = PlannerConfig(time_limit_s=1e-9, retry_time_limit_s=1e-9)
-    with pytest.raises(Unavailable, match="no placement within 1e-09 s.*host is too slow"):
+    with pytest.raises(Unavailable, match=r"no placement within 1e-09 s.*host is too slow"):
         Planner(PerfModel(), never).solve(inp)
 
 
