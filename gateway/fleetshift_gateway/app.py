@@ -220,7 +220,7 @@ async def _tokens(
         ):
             yield msg
     except grpc.aio.AioRpcError as err:
-        raise from_rpc(err, gen.model.name) from err
+        raise from_rpc(err, gen.model.name, routed=bool(call.routed)) from err
     except SessionLost as err:
         raise ApiError(503, f"the session was lost: {err}", code="session_lost") from err
 

@@ -51,8 +51,10 @@ def bad_request(param: str, message: str, code: str = "invalid_value") -> ApiErr
     return ApiError(400, message, param=param, code=code)
 
 
-def from_rpc(err: grpc.aio.AioRpcError, model: str) -> ApiError:
-    """What a daemon or worker refusal means to the HTTP client."""
+def from_rpc(err: grpc.aio.AioRpcError, model: str, routed: bool = False) -> ApiError:
+    """What a daemon or worker refusal means to the HTTP client. ``routed``: the request's
+    route was known, so an unreachable peer is its worker (or a re-route after the worker
+    failed), not the daemon the client would otherwise be told to wait for."""
     code, details = err.code(), err.details() or ""
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return ApiError(
@@ -75,6 +77,13 @@ def from_rpc(err: grpc.aio.AioRpcError, model: str) -> ApiError:
     # worker serves it right now, which is a capacity problem, not a bad request.
     if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
         return ApiError(503, f"no capacity for model {model!r}: {details}", code="no_capacity")
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and routed:
+        return ApiError(
+            503,
+            "the request was routed, but its worker and every re-route failed before a token "
+            f"(the worker stopped or unreachable, or the daemon gone meanwhile): {details}",
+            code="worker_unavailable",
+        )
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return ApiError(503, f"the FleetShift daemon is unavailable: {details}", code="unavailable")
     return ApiError(500, f"upstream error {code.name}: {details}", code="upstream_error")

@@ -8,9 +8,11 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import openai
 import pytest
+from fleetshift_gateway.errors import from_rpc
 
 from fleetshift_agent.engine.make_model import main as make_model
 
@@ -127,3 +129,22 @@ def test_metrics_count_requests_and_errors_by_cause(tmp_path: Path) -> None:
     assert 'fleetshift_gateway_errors_total{cause="model_not_found"} 1.0' in scraped
     assert 'fleetshift_gateway_errors_total{cause="unavailable"} 1.0' in scraped
     assert 'requests_total{endpoint="/v1/completions",status="503"} 1.0' in scraped
+
+
+def test_an_unreachable_peer_after_routing_is_named_the_worker_not_the_daemon() -> None:
+    """Once a request's route is known, UNAVAILABLE comes from its worker (or a re-route
+    after the worker failed): telling the client "the daemon is unavailable" sent a demo's
+    operator looking at a healthy daemon for a worker a move had just stopped."""
+    err = grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(),
+        details="failed to connect to all addresses; ipv4:127.0.0.1:34821: Connection refused",
+    )
+    before = from_rpc(err, MODEL)
+    after = from_rpc(err, MODEL, routed=True)
+    assert (before.status, before.code) == (503, "unavailable")
+    assert "daemon is unavailable" in before.message
+    assert (after.status, after.code) == (503, "worker_unavailable")
+    assert "its worker" in after.message and "127.0.0.1:34821" in after.message
+    assert "daemon is unavailable" not in after.message
