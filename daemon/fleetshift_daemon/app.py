@@ -55,6 +55,7 @@ from fleetshift_daemon.core.operations import OperationLog
 from fleetshift_daemon.core.placement import PlacementService, PlanningSettings, ServedModel
 from fleetshift_daemon.core.planning_cycle import CycleReport
 from fleetshift_daemon.core.registry import Registry
+from fleetshift_daemon.core.slo_monitor import SloMonitorConfig
 from fleetshift_daemon.core.submission import Submission
 from fleetshift_daemon.core.workers import WorkerTable
 from fleetshift_daemon.move_signals import MoveSignals
@@ -152,6 +153,7 @@ class Daemon:
                 cfg.planner.horizon_s,
                 interval_s=cfg.planner.interval_s,
             ),
+            SloMonitorConfig(round_s=cfg.heartbeat_interval_s),
         )
         self.workers.on_change(self.placement.fleet_changed)
         if self.replica_loop is not None:  # before serving: every Route call is published

@@ -152,6 +152,43 @@ def test_retiring_needs_margin_held_for_the_whole_hold_without_a_break() -> None
     assert last.retire_ok and "retiring allowed" in last.reason
 
 
+def _staggered(mon: SloMonitor, clock: ManualClock, rounds: list[list[LatencySample]]) -> None:
+    """Each worker's report on its own node's heartbeat, one second apart per node and the
+    nodes spread over the second, as the daemon receives them (not all at one instant)."""
+    for k, reports in enumerate(rounds):
+        for i, report in enumerate(reports):
+            clock.t = k + i / len(reports)
+            mon.observe([report])
+
+
+def test_staggered_heartbeats_make_one_round_of_the_whole_model_per_interval() -> None:
+    # Four nodes, one worker each, queues rising together 1, 2, 3, 4, 5 an interval: the
+    # model's queue grew fivefold. Read a heartbeat at a time (a round per clock reading),
+    # the last four "rounds" were four heartbeats of one interval, 17 -> 20: not growing.
+    # (a heartbeat a second, under the default 2 s round: a node's next report closes it)
+    clock = ManualClock()
+    mon = SloMonitor(clock)
+    workers = ("a", "b", "c", "d")
+    _staggered(mon, clock, [[_report(w, 300.0, queue=k + 1) for w in workers] for k in range(5)])
+    a = mon.assess("m", SLO)
+    assert a.queue_growing and a.prefill_queue_growing and a.at_risk
+
+
+def test_a_pools_margin_is_the_whole_pools_at_each_round_not_one_nodes() -> None:
+    # Two prefill workers on two nodes: one with 1 session at ~98.5% within the TTFT SLO,
+    # one with 9 sessions at ~100%: the pool meets 99% (99.85%). Reading each heartbeat as a
+    # round judged the slow node alone in every other round and never let the pool give.
+    def prefill(worker: str, ttft_p99: float, sessions: int) -> LatencySample:
+        return LatencySample(worker, "m", 300.0, ttft_p99, 0.0, 0.0, 0, sessions, role=Role.PREFILL)
+
+    assert 0.98 < share_within(300.0, 1090.0, SLO.ttft_ms) < 0.99
+    clock = ManualClock()
+    mon = SloMonitor(clock)
+    pool = [prefill("slow", 1090.0, 1), prefill("fast", 400.0, 9)]
+    _staggered(mon, clock, [pool] * 6)
+    assert mon.pool_held("m", Role.PREFILL, SLO, since=0.5)
+
+
 def test_bad_reports_are_refused_and_change_nothing() -> None:
     mon = SloMonitor(ManualClock())
     with pytest.raises(InvalidArgument, match="ttft_p99_ms"):

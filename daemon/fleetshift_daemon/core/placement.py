@@ -57,6 +57,7 @@ from fleetshift_daemon.core.slo_monitor import (
     KV_BLOCK_TOKENS,
     LatencySample,
     SloMonitor,
+    SloMonitorConfig,
     sample_from_counters,
 )
 from fleetshift_daemon.core.traffic import TrafficMonitor, TrafficStats
@@ -149,6 +150,7 @@ class PlacementService:
         clock: Callable[[], float],
         efficiency_store: EfficiencyStore,
         settings: PlanningSettings | None = None,
+        slo_config: SloMonitorConfig | None = None,
     ) -> None:
         self._registry = registry
         self._workers = workers
@@ -171,7 +173,8 @@ class PlacementService:
         self.hysteresis = Hysteresis(clock, gate)
         # issue 11: size for bursts, and let measured latency (heartbeats) close the loop; both
         # outlive a change of performance model (a calibration upload rebuilds the cycle)
-        self.slo_monitor = SloMonitor(clock)
+        # (the daemon sets its rounds to the heartbeat interval: see ``SloMonitor.observe``)
+        self.slo_monitor = SloMonitor(clock, slo_config)
         self._burst = BurstSizer(clock)
         self.last_report: CycleReport | None = None
         self._lock = threading.RLock()

@@ -113,6 +113,10 @@ class SloMonitorConfig:
     # shortage). A block-granular allocator is "full" a few blocks short of its total, and a
     # long request needs a few percent of it; 0.9 is that bar, not tuned.
     kv_full_fraction: float = 0.9
+    # A round is the fleet's picture at one time (see ``SloMonitor.observe``): it closes when
+    # a worker in it reports again or once it is this old. The daemon sets it to its
+    # heartbeat interval; the default is the daemon's default interval (config.py).
+    round_s: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0 < self.target < 1:
@@ -123,6 +127,8 @@ class SloMonitorConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise InvalidArgument(f"{name} must be >= 0", field=name)
+        if not (math.isfinite(self.round_s) and self.round_s > 0):
+            raise InvalidArgument("round_s must be > 0", field="round_s")
         if not 0 < self.kv_full_fraction <= 1:
             raise InvalidArgument("kv_full_fraction must be in (0, 1]", field="kv_full_fraction")
         if self.queue_growth_rounds < 1 or not self.queue_growth_factor >= 1:
@@ -241,22 +247,47 @@ class SloMonitor:
         return self._cfg
 
     def observe(self, samples: Iterable[LatencySample]) -> None:
-        """One round of reports (a heartbeat, or all simulated workers at one instant).
+        """One batch of reports: a node's heartbeat, or all simulated workers at one instant.
 
-        Reports of the same model at the same clock reading join one round; a later reading
-        starts the next. A worker's newer report in a round replaces its older one."""
+        A round is the model's fleet at one time, each worker's latest report as of it: the
+        queue-growth rule compares the model's summed queue round to round, and the pool
+        checks read each round's attainment. The daemon receives each node's heartbeat at its
+        own time, so a round cannot be one clock reading (that made every heartbeat a round
+        of one node's workers, and kept a round per heartbeat: tens of thousands at 1,000
+        nodes, walked by every GC pass). So a batch joins the current round unless one of its
+        workers already reported in it (its report is the next picture of that worker) or
+        the round is ``round_s`` (one heartbeat interval) old; then it opens the next round.
+        Every node heartbeats once an interval, so a round collects each node once, and the
+        monitor keeps ``window_s / interval`` rounds whatever the fleet's size. A batch at the
+        round's own clock reading always joins it (one instant is one picture): the
+        simulator's ticks, all workers at once, each repeat a worker of the tick before and
+        so make one round each, as before. A worker's newer report in a round replaces its
+        older one; queue sums carry each worker's latest report forward (``_queue_growing``)."""
         batch = list(samples)
         for s in batch:  # all or nothing: a bad report changes nothing
             _check(s)
         now = self._clock()
+        by_model: dict[str, list[LatencySample]] = {}
+        for s in batch:
+            by_model.setdefault(s.model, []).append(s)
         with self._lock:
-            for s in batch:
-                state = self._models.setdefault(s.model, _ModelState())
-                if not state.rounds or state.rounds[-1].at != now:
+            for model, reports in by_model.items():
+                state = self._models.setdefault(model, _ModelState())
+                if self._opens_round(state, reports, now):
                     state.rounds.append(_Round(now))
-                state.rounds[-1].samples[s.worker_id] = s
+                state.rounds[-1].samples.update((s.worker_id, s) for s in reports)
             for state in self._models.values():
                 self._evict(state, now)
+
+    def _opens_round(self, state: _ModelState, reports: list[LatencySample], now: float) -> bool:
+        if not state.rounds:
+            return True
+        last = state.rounds[-1]
+        if last.at == now:
+            return False
+        if now - last.at >= self._cfg.round_s:
+            return True
+        return any(s.worker_id in last.samples for s in reports)
 
     def forget_worker(self, worker_id: str) -> None:
         with self._lock:
