@@ -461,3 +461,24 @@ async def test_dry_run_on_bursty_traffic_names_the_steps_the_next_pass_takes(
     assert report.decision.gap_since == clock()  # the gate's clock started at this pass
     efficiency = await planning.GetEfficiency(pb.GetEfficiencyRequest())
     assert len(efficiency.history) == 1 and efficiency.below_threshold_for_s == 0.0
+
+
+@pytest.mark.parametrize(  # the job off: no pass changes the verdict between the two asks
+    "planner_settings",
+    [PlannerSettings(interval_s=0, threshold=0.95, hold_s=60.0, horizon_s=3600)],
+)
+async def test_cli_plan_says_whether_the_next_pass_would_propose_it(
+    stubs, fleet_daemon: Daemon, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    from fleetshift_daemon.cli.main import main as cli
+
+    placement, planning = stubs
+    await route_decode_heavy(placement, 30)
+    clock.advance(1.0)
+    plan = await planning.PlanRebalance(pb.PlanRebalanceRequest())
+    assert plan.decision_reason
+    address = f"127.0.0.1:{fleet_daemon.port}"
+    assert await asyncio.to_thread(cli, ["--daemon", address, "plan"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    verdict = "would propose it now" if plan.would_propose else "would hold it"
+    assert f"the periodic pass {verdict}:" in out
