@@ -23,6 +23,7 @@ from fleetshift.v1 import placement_pb2 as pb
 from fleetshift.v1 import placement_pb2_grpc as pb_grpc
 from fleetshift.v1 import worker_pb2
 from fleetshift_common.config import DaemonConfig, ModelConfig, PlannerSettings
+from fleetshift_daemon.api.placement import plan_pb
 from fleetshift_daemon.app import Daemon
 from fleetshift_rpc.sessions import routed_session
 
@@ -73,8 +74,14 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
+def planner_settings() -> PlannerSettings:
+    """A pass every 0.3 s, proposing at once (a test may parametrize other settings)."""
+    return PlannerSettings(interval_s=0.3, threshold=0.95, hold_s=0.0, horizon_s=3600)
+
+
+@pytest.fixture
 async def fleet_daemon(
-    tmp_path: Path, sqlite_url: str, clock: ManualClock
+    tmp_path: Path, sqlite_url: str, clock: ManualClock, planner_settings: PlannerSettings
 ) -> AsyncIterator[Daemon]:
     config = DaemonConfig(
         listen="127.0.0.1:0",
@@ -84,7 +91,7 @@ async def fleet_daemon(
         node_lost_after_s=5.0,
         liveness_check_interval_s=0.2,
         models=(ModelConfig(name=MODEL, preset="llama2-70b", tp_options=(4, 8)),),
-        planner=PlannerSettings(interval_s=0.3, threshold=0.95, hold_s=0.0, horizon_s=3600),
+        planner=planner_settings,
     )
     daemon = Daemon(config, clock=clock)
     await daemon.start()
@@ -409,3 +416,69 @@ async def test_operator_gets_a_dry_run_plan_with_grpcurl(
         "MOVE_KIND_START",
         "MOVE_KIND_STOP",
     }
+
+
+def _steps(plan: pb.Plan) -> list[tuple[object, ...]]:
+    """What a plan would do: each move's kind, worker and destination."""
+    return [
+        (m.kind, m.model, m.source.worker_id, m.target.role, m.target.gpu_kind, m.target.node_name)
+        for m in plan.moves
+    ]
+
+
+# The job off: the test runs the periodic pass itself (``run_cycle``, what the job calls), so
+# no pass falls between the dry run and the pass it is compared with; a 60 s gate hold.
+@pytest.mark.parametrize(
+    "planner_settings",
+    [PlannerSettings(interval_s=0, threshold=0.95, hold_s=60.0, horizon_s=3600)],
+)
+async def test_dry_run_on_bursty_traffic_names_the_steps_the_next_pass_takes(
+    stubs, fleet_daemon: Daemon, clock: ManualClock
+) -> None:  # type: ignore[no-untyped-def]
+    placement, planning = stubs
+    service = fleet_daemon.placement
+    assert service is not None
+    # one burst of 40 decode-heavy requests, then 4 quiet seconds (10 requests/s on average)
+    await route_decode_heavy(placement, 40)
+    clock.advance(4.0)
+    first = await planning.PlanRebalance(pb.PlanRebalanceRequest())
+    again = await planning.PlanRebalance(pb.PlanRebalanceRequest())
+    assert _steps(first) == _steps(again) and first.decision_reason == again.decision_reason
+    assert not (await planning.GetEfficiency(pb.GetEfficiencyRequest())).history  # none recorded
+
+    clock.advance(3.0)  # the pass comes later: the operator's questions started no clock
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{fleet_daemon.port}") as ch:
+        for node in NODES:  # the agents keep reporting (the nodes stay READY)
+            await heartbeat(fpb_grpc.AgentRegistryStub(ch), node)
+    dry = await planning.PlanRebalance(pb.PlanRebalanceRequest())
+    report = await asyncio.to_thread(service.run_cycle)
+    done = plan_pb(report.plan, service.settings.horizon_s, service)
+    assert dry.moves and _steps(dry) == _steps(done)
+    assert (dry.would_propose, dry.decision_reason) == (
+        report.decision.propose,
+        report.decision.reason,
+    )
+    assert report.decision.gap_since == clock()  # the gate's clock started at this pass
+    efficiency = await planning.GetEfficiency(pb.GetEfficiencyRequest())
+    assert len(efficiency.history) == 1 and efficiency.below_threshold_for_s == 0.0
+
+
+@pytest.mark.parametrize(  # the job off: no pass changes the verdict between the two asks
+    "planner_settings",
+    [PlannerSettings(interval_s=0, threshold=0.95, hold_s=60.0, horizon_s=3600)],
+)
+async def test_cli_plan_says_whether_the_next_pass_would_propose_it(
+    stubs, fleet_daemon: Daemon, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    from fleetshift_daemon.cli.main import main as cli
+
+    placement, planning = stubs
+    await route_decode_heavy(placement, 30)
+    clock.advance(1.0)
+    plan = await planning.PlanRebalance(pb.PlanRebalanceRequest())
+    assert plan.decision_reason
+    address = f"127.0.0.1:{fleet_daemon.port}"
+    assert await asyncio.to_thread(cli, ["--daemon", address, "plan"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    verdict = "would propose it now" if plan.would_propose else "would hold it"
+    assert f"the periodic pass {verdict}:" in out

@@ -58,8 +58,9 @@ def test_traffic_to_efficiency_to_a_proposed_plan_after_the_hold_time() -> None:
     assert first.efficiency < 0.9
     assert not first.decision.propose and "holding" in first.decision.reason
     dry = cycle.dry_run(inp, current)
-    assert [m.kind for m in dry.moves] == [m.kind for m in first.plan.moves]
-    assert MoveKind.ROLE_CHANGE in {m.kind for m in dry.moves}
+    assert [m.kind for m in dry.plan.moves] == [m.kind for m in first.plan.moves]
+    assert MoveKind.ROLE_CHANGE in {m.kind for m in dry.plan.moves}
+    assert not dry.decision.propose and "holding" in dry.decision.reason
     clock.t += 301
     later = cycle.run(inp, current)
     assert later.decision.propose

@@ -374,8 +374,10 @@ class PlanningServicer(pb_grpc.PlanningServicer):
     async def PlanRebalance(
         self, request: pb.PlanRebalanceRequest, context: grpc.aio.ServicerContext
     ) -> pb.Plan:
-        plan = await asyncio.to_thread(self._service.dry_run)
-        out = plan_pb(plan, self._service.settings.horizon_s, self._service)
+        report = await asyncio.to_thread(self._service.preview)
+        out = plan_pb(report.plan, self._service.settings.horizon_s, self._service)
+        out.would_propose = report.decision.propose
+        out.decision_reason = report.decision.reason
         out.predictions.extend(map(basis_pb, self._service.prediction_bases()))
         return out
 

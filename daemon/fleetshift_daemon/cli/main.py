@@ -147,6 +147,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
     show(plan_table(plan), "plan")
     console.print("pays off over the horizon" if plan.pays_off else "does not pay off yet")
+    verdict = "would propose it now" if plan.would_propose else "would hold it"
+    console.print(f"the periodic pass {verdict}: {plan.decision_reason}")
     console.print("predictions:\n" + calibrate.bases_text(plan.predictions))
     return 0
 
@@ -373,9 +375,9 @@ def _parser() -> argparse.ArgumentParser:
     eff = sub.add_parser("efficiency", help="placement efficiency and its history")
     eff.add_argument("--history", type=int, default=20, help="samples of history shown")
     eff.set_defaults(run=cmd_efficiency)
-    sub.add_parser("plan", help="dry run: the moves to the best placement").set_defaults(
-        run=cmd_plan
-    )
+    sub.add_parser(
+        "plan", help="dry run of the planning pass: its moves, and whether it would propose them"
+    ).set_defaults(run=cmd_plan)
     for name, helptext, run in (
         ("rebalance", "plan and execute the moves to the best placement", cmd_rebalance),
         ("drain", "move every worker off a node", cmd_drain),

@@ -140,12 +140,19 @@ class BurstSizer:
         span_s: float,
         slo: SloTarget,
         restart_s: float,
+        *,
+        record: bool = True,
     ) -> ModelDemand:
         """``demand`` with peak factors: the largest need seen within ``memory_s`` (in
         requests/s, so a burst seen at a higher rate still counts in a quieter window) over
-        the window's arrival rate."""
+        the window's arrival rate.
+
+        ``record=False`` (an operator's dry run) sizes the same way but leaves the memory
+        as it was: a dry run asked during a burst must not raise what later passes size for."""
         cfg, now = self._cfg, self._clock()
-        seen = self._seen.setdefault(demand.model, _Seen())
+        seen = self._seen.setdefault(demand.model, _Seen()) if record else _Seen()
+        if not record and demand.model in self._seen:
+            seen.history.extend(self._seen[demand.model].history)
         if demand.arrival_rate_per_s > 0:
             seen.history.append((now, phase_need(arrivals, span_s, now, slo, restart_s, cfg)))
         while seen.history and seen.history[0][0] < now - cfg.memory_s:

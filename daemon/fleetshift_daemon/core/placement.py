@@ -552,9 +552,16 @@ class PlacementService:
         )
         return report
 
-    def dry_run(self) -> Plan:
+    def preview(self) -> CycleReport:
+        """What the next periodic pass would report now (``run_cycle`` without committing):
+        the same burst-sized demand, plan, gate verdict and measured loop, with no sample
+        recorded and no clock, memory or loan of the planner changed."""
         with self._lock:
             return self.cycle.dry_run(self.planning_input(), self.current_placement())
+
+    def dry_run(self) -> Plan:
+        """The plan of ``preview``: what an operator's rebalance runs, the plan they saw."""
+        return self.preview().plan
 
     def efficiency_history(self, limit: int) -> Sequence[EfficiencySample]:
         return self._efficiency.recent(limit)

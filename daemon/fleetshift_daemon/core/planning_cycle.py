@@ -160,13 +160,21 @@ class PlanningCycle:
         # landed, and how many it holds on loan (received, less those given back since)
         self._lent: dict[str, dict[Phase, tuple[float, int]]] = {}
 
-    def run(self, inp: PlanningInput, current: Placement) -> CycleReport:
-        """The periodic pass: efficiency, the plan, and whether to propose it now."""
-        inp = self.sized(inp)
+    def run(self, inp: PlanningInput, current: Placement, *, commit: bool = True) -> CycleReport:
+        """The periodic pass: efficiency, the plan, and whether to propose it now.
+
+        ``commit=False`` is the operator's dry run (``dry_run``): the same sizing, plan,
+        gate and measured loop, so it names the plan this pass would propose or hold and
+        why, but nothing the next pass reads is changed: the burst sizer's memory, the
+        gate's clock, the SLO monitor's margin clock, the loop's quiet time and loans."""
+        inp = self.sized(inp, record=commit)
         plan, best, predicted = self._plan(inp, current)
-        decision = self._hysteresis.observe(plan.efficiency_before, plan)
-        measured = self._assess(inp)
-        plan, decision = self._close_loop(inp, current, plan, decision, measured, predicted)
+        gate = self._hysteresis.observe if commit else self._hysteresis.judge
+        decision = gate(plan.efficiency_before, plan)
+        measured = self._assess(inp, record=commit)
+        plan, decision = self._close_loop(
+            inp, current, plan, decision, measured, predicted, commit=commit
+        )
         return CycleReport(
             plan.efficiency_before,
             plan.goodput_before,
@@ -177,14 +185,15 @@ class PlanningCycle:
             measured,
         )
 
-    def dry_run(self, inp: PlanningInput, current: Placement) -> Plan:
-        """The same plan for an operator, without touching the hysteresis state."""
-        return self._plan(inp, current)[0]
+    def dry_run(self, inp: PlanningInput, current: Placement) -> CycleReport:
+        """What ``run`` would report now, changing nothing (see ``run``'s ``commit``)."""
+        return self.run(inp, current, commit=False)
 
     # -- sizing -----------------------------------------------------------------------------
-    def sized(self, inp: PlanningInput) -> PlanningInput:
+    def sized(self, inp: PlanningInput, *, record: bool = True) -> PlanningInput:
         """``inp`` with burst peak factors on each model's demand, recent request lengths
-        after a mix shift, fitted to what the fleet can carry (``within_fleet``)."""
+        after a mix shift, fitted to what the fleet can carry (``within_fleet``).
+        ``record=False`` leaves the burst sizer's memory as it was (a dry run)."""
         if self._burst is None or self._traffic is None:
             return self.within_fleet(inp)
         span = self._traffic.config.window_s
@@ -198,7 +207,9 @@ class PlanningCycle:
             arrivals = self._traffic.arrivals(name)
             d = recent_lengths(d, arrivals, now, self._loop)
             restart = restart_s(self._perf, inp, name, self._costs)
-            demand[name] = self._burst.size(d, arrivals, span, inp.slo(name), restart)
+            demand[name] = self._burst.size(
+                d, arrivals, span, inp.slo(name), restart, record=record
+            )
         return self.within_fleet(replace(inp, demand=demand))
 
     def within_fleet(self, inp: PlanningInput) -> PlanningInput:
@@ -325,14 +336,16 @@ class PlanningCycle:
         return second
 
     # -- the measured loop ------------------------------------------------------------------
-    def _assess(self, inp: PlanningInput) -> dict[str, SloAssessment]:
+    def _assess(self, inp: PlanningInput, *, record: bool) -> dict[str, SloAssessment]:
         if self._slo is None:
             return {}
         out = {}
         for spec in inp.models:
             name = spec.arch.name
             slo = inp.slo(name)
-            out[name] = self._slo.assess(name, SloThresholds(slo.ttft_ms, slo.tbt_ms))
+            out[name] = self._slo.assess(
+                name, SloThresholds(slo.ttft_ms, slo.tbt_ms), record=record
+            )
         return out
 
     def _close_loop(
@@ -343,6 +356,8 @@ class PlanningCycle:
         decision: HysteresisDecision,
         measured: Mapping[str, SloAssessment],
         predicted: float,
+        *,
+        commit: bool,
     ) -> tuple[Plan, HysteresisDecision]:
         if not measured:
             return plan, decision
@@ -354,9 +369,10 @@ class PlanningCycle:
         if (risky or short) and now >= self._quiet_until:
             adding = self._capacity_plan(inp, current, risky, plan)
             if adding.moves:
-                landed = max(m.duration_s for m in adding.moves)
-                self._note_loans(adding.moves, now)
-                self._quiet_until = now + max(self._loop.min_risk_interval_s, landed)
+                if commit:
+                    landed = max(m.duration_s for m in adding.moves)
+                    self._note_loans(adding.moves, now)
+                    self._quiet_until = now + max(self._loop.min_risk_interval_s, landed)
                 why = "; ".join(f"{n}: {a.reason}" for n, a in risky.items()) or (
                     f"the model serves {predicted:.1%} of the burst-sized demand"
                 )
@@ -497,12 +513,12 @@ class PlanningCycle:
         if not loans or self._slo is None or self._clock is None:
             return spare
         forgotten = self._clock() - self._slo.config.window_s
-        for p in [p for p, (since, _) in loans.items() if since < forgotten]:
-            del loans[p]
         slo = inp.slo(name)
         thresholds = SloThresholds(slo.ttft_ms, slo.tbt_ms)
         out = dict(spare)
         for p, (since, lent) in loans.items():
+            if since < forgotten:
+                continue
             if p in out and not self._slo.pool_held(name, _POOL[p], thresholds, since):
                 out[p] = min(out[p], lent)
         return out
@@ -510,10 +526,13 @@ class PlanningCycle:
     def _note_loans(self, moves: Iterable[Move], now: float) -> None:
         """Book the measured loop's role changes: a phase a worker starts serving holds it
         on loan from when it lands; a phase it stops serving has given one of its loans back."""
+        forgotten = now - self._slo.config.window_s if self._slo is not None else -math.inf
         for m in moves:
             if m.kind is not MoveKind.ROLE_CHANGE or m.source is None or m.target is None:
                 continue
             loans = self._lent.setdefault(m.model, {})
+            for p in [p for p, (since, _) in loans.items() if since < forgotten]:
+                del loans[p]  # forgotten (``_unlent``): its count is not carried into a new one
             before, after = _SERVES[m.source.role], _SERVES[m.target.role]
             for p in after - before:
                 lent = loans[p][1] if p in loans else 0

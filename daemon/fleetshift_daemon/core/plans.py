@@ -375,40 +375,46 @@ class Hysteresis:
         self._since: float | None = None
 
     def observe(self, efficiency: float, plan: Plan | None = None) -> HysteresisDecision:
+        """The verdict now, with the gap's clock advanced by it (the periodic pass)."""
+        decision = self.judge(efficiency, plan)
+        self._since = decision.gap_since
+        return decision
+
+    def judge(self, efficiency: float, plan: Plan | None = None) -> HysteresisDecision:
+        """The verdict ``observe`` would give now, changing nothing: an operator's dry run
+        must see the gate's answer without starting (or resetting) the gap's clock."""
         if not (math.isfinite(efficiency) and 0 <= efficiency <= 1):
             raise InvalidArgument("efficiency must be in [0, 1]", field="efficiency")
         cfg, now = self._cfg, self._clock()
         gap = 1.0 - efficiency
         if gap <= cfg.threshold:
-            self._since = None
             return HysteresisDecision(
                 False, gap, None, f"gap {gap:.1%} within threshold {cfg.threshold:.1%}"
             )
-        if self._since is None:
-            self._since = now
-        held, hold = now - self._since, cfg.hold_for(gap)
+        since = now if self._since is None else self._since
+        held, hold = now - since, cfg.hold_for(gap)
         if held < hold:
             return HysteresisDecision(
                 False,
                 gap,
-                self._since,
+                since,
                 f"gap {gap:.1%} for {held:.0f} s, holding for {hold:.0f} s",
             )
         if plan is None:
-            return HysteresisDecision(False, gap, self._since, "gap persists; no plan given")
+            return HysteresisDecision(False, gap, since, "gap persists; no plan given")
         gain = plan.gain_tokens_per_s * cfg.horizon_s
         if not plan.pays_off(cfg.horizon_s):
             return HysteresisDecision(
                 False,
                 gap,
-                self._since,
+                since,
                 f"gain {gain:,.0f} tokens over {cfg.horizon_s:.0f} s does not beat move cost "
                 f"{plan.total_cost_tokens:,.0f} tokens",
             )
         return HysteresisDecision(
             True,
             gap,
-            self._since,
+            since,
             f"gap {gap:.1%} for {held:.0f} s; gain {gain:,.0f} tokens over {cfg.horizon_s:.0f} s "
             f"beats move cost {plan.total_cost_tokens:,.0f} tokens ({len(plan.moves)} moves)",
         )

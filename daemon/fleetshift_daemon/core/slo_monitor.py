@@ -300,16 +300,22 @@ class SloMonitor:
         while state.rounds and state.rounds[0].at < horizon:
             state.rounds.popleft()
 
-    def assess(self, model: str, slo: SloThresholds) -> SloAssessment:
-        """Attainment, risk and whether retiring is allowed, as of now."""
-        with self._lock:
-            return self._assess(model, slo)
+    def assess(self, model: str, slo: SloThresholds, *, record: bool = True) -> SloAssessment:
+        """Attainment, risk and whether retiring is allowed, as of now.
 
-    def _assess(self, model: str, slo: SloThresholds) -> SloAssessment:
+        ``record=False`` (an operator's dry run) gives the same answer on a copy of the
+        model's state: the margin's clock (``margin_since``, which gates retirements) must
+        not start or reset because an operator asked."""
+        with self._lock:
+            return self._assess(model, slo, record)
+
+    def _assess(self, model: str, slo: SloThresholds, record: bool = True) -> SloAssessment:
         cfg, now = self._cfg, self._clock()
         state = self._models.get(model)
         if state is None:
-            state = self._models.setdefault(model, _ModelState())
+            state = self._models.setdefault(model, _ModelState()) if record else _ModelState()
+        elif not record:
+            state = _ModelState(deque(state.rounds), state.margin_since)
         self._evict(state, now)
         latest = _latest_per_worker(state.rounds)
         current = _weighted(latest.values(), slo)

@@ -462,9 +462,11 @@ async def _still_wanted(daemon: grpc.aio.Channel) -> str:
         name = ppb.MoveKind.Name(m.kind).removeprefix("MOVE_KIND_").lower().replace("_", " ")
         kinds[name] = kinds.get(name, 0) + 1
     listed = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    verdict = "would propose it now" if plan.would_propose else "would hold it"
     return (
         f"the planner's dry run still wants {listed} (efficiency {plan.efficiency_before:.2f} "
-        f"before, {'pays off' if plan.pays_off else 'does not pay off'} over its horizon)"
+        f"before, {'pays off' if plan.pays_off else 'does not pay off'} over its horizon; "
+        f"the next pass {verdict}: {plan.decision_reason})"
     )
 
 

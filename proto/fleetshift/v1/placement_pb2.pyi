@@ -319,7 +319,7 @@ class PlannedMove(_message.Message):
     def __init__(self, kind: _Optional[_Union[MoveKind, str]] = ..., model: _Optional[str] = ..., source: _Optional[_Union[PlannedWorker, _Mapping]] = ..., target: _Optional[_Union[PlannedWorker, _Mapping]] = ..., bytes_to_move: _Optional[int] = ..., duration_s: _Optional[float] = ..., expected_pause_s: _Optional[float] = ..., sessions_affected: _Optional[int] = ..., predicted_gain_tokens_per_s: _Optional[float] = ..., cost_tokens: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("moves", "efficiency_before", "goodput_before_tokens_per_s", "goodput_after_tokens_per_s", "bytes_to_move", "pays_off", "solver_status", "solve_s", "predictions")
+    __slots__ = ("moves", "efficiency_before", "goodput_before_tokens_per_s", "goodput_after_tokens_per_s", "bytes_to_move", "pays_off", "solver_status", "solve_s", "predictions", "would_propose", "decision_reason")
     MOVES_FIELD_NUMBER: _ClassVar[int]
     EFFICIENCY_BEFORE_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_BEFORE_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
@@ -329,6 +329,8 @@ class Plan(_message.Message):
     SOLVER_STATUS_FIELD_NUMBER: _ClassVar[int]
     SOLVE_S_FIELD_NUMBER: _ClassVar[int]
     PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
+    WOULD_PROPOSE_FIELD_NUMBER: _ClassVar[int]
+    DECISION_REASON_FIELD_NUMBER: _ClassVar[int]
     moves: _containers.RepeatedCompositeFieldContainer[PlannedMove]
     efficiency_before: float
     goodput_before_tokens_per_s: float
@@ -338,7 +340,9 @@ class Plan(_message.Message):
     solver_status: str
     solve_s: float
     predictions: _containers.RepeatedCompositeFieldContainer[PredictionBasis]
-    def __init__(self, moves: _Optional[_Iterable[_Union[PlannedMove, _Mapping]]] = ..., efficiency_before: _Optional[float] = ..., goodput_before_tokens_per_s: _Optional[float] = ..., goodput_after_tokens_per_s: _Optional[float] = ..., bytes_to_move: _Optional[int] = ..., pays_off: _Optional[bool] = ..., solver_status: _Optional[str] = ..., solve_s: _Optional[float] = ..., predictions: _Optional[_Iterable[_Union[PredictionBasis, _Mapping]]] = ...) -> None: ...
+    would_propose: bool
+    decision_reason: str
+    def __init__(self, moves: _Optional[_Iterable[_Union[PlannedMove, _Mapping]]] = ..., efficiency_before: _Optional[float] = ..., goodput_before_tokens_per_s: _Optional[float] = ..., goodput_after_tokens_per_s: _Optional[float] = ..., bytes_to_move: _Optional[int] = ..., pays_off: _Optional[bool] = ..., solver_status: _Optional[str] = ..., solve_s: _Optional[float] = ..., predictions: _Optional[_Iterable[_Union[PredictionBasis, _Mapping]]] = ..., would_propose: _Optional[bool] = ..., decision_reason: _Optional[str] = ...) -> None: ...
 
 class ListWorkersRequest(_message.Message):
     __slots__ = ("node_name", "model")

@@ -239,7 +239,8 @@ class PlanningServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PlanRebalance(self, request, context):
-        """a dry run: nothing moves
+        """A dry run of the periodic planning pass (same burst-sized demand, gate and measured loop):
+        the plan it would propose or hold now, and why; nothing moves, nothing is recorded.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
