@@ -17,9 +17,17 @@ from fleetshift.v1 import placement_pb2 as pb
 from fleetshift_daemon.app import Daemon
 
 from .clock import ManualClock
-from .test_placement_api import MODEL, WORKERS, clock, fleet_daemon, route_decode_heavy, stubs
+from .test_placement_api import (
+    MODEL,
+    WORKERS,
+    clock,
+    fleet_daemon,
+    planner_settings,
+    route_decode_heavy,
+    stubs,
+)
 
-__all__ = ["clock", "fleet_daemon", "stubs"]  # fixtures
+__all__ = ["clock", "fleet_daemon", "planner_settings", "stubs"]  # fixtures
 
 
 async def slow_heartbeat(

@@ -27,6 +27,7 @@ from .test_placement_api import BAD_ROUTES, MODEL
 # The real daemon of tests/test_placement_api.py (two nodes, a prefill and a decode worker).
 clock = placement_api.clock
 fleet_daemon = placement_api.fleet_daemon
+planner_settings = placement_api.planner_settings
 stubs = placement_api.stubs
 
 # Stated output lengths: the answer then depends on the request and the fleet only, not on the
