@@ -25,7 +25,7 @@ from fleetshift_daemon.core.planner import (
     planning_input,
 )
 from fleetshift_daemon.core.planning_cycle import CycleReport, PlanningCycle
-from fleetshift_daemon.core.plans import Hysteresis, HysteresisConfig, MoveKind
+from fleetshift_daemon.core.plans import Hysteresis, HysteresisConfig, Move, MoveKind
 from fleetshift_daemon.core.routing import Role
 from fleetshift_daemon.core.slo_monitor import LatencySample, SloMonitor
 
@@ -75,48 +75,28 @@ def _heartbeat(
     handoffs: int,
     decode_kv: int,
 ) -> None:
-    """One round of reports: the prefill pool (TTFT, prompts waiting) and the decode pool
-    (TBT, hand-offs waiting for KV, the KV it holds)."""
-    monitor.observe(
-        [
-            LatencySample(
-                n,
-                M70,
-                ttft_p99 / 3,
-                ttft_p99,
-                0.0,
-                0.0,
-                prompt_queue,
-                prompt_queue,
-                Role.PREFILL,
-                0,
-                KV,
-            )
-            for n in PREFILL
-        ]
-        + [
-            LatencySample(
-                n,
-                M70,
-                0.0,
-                0.0,
-                tbt_p99 / 3,
-                tbt_p99,
-                handoffs,
-                32 + handoffs,
-                Role.DECODE,
-                decode_kv,
-                KV,
-            )
-            for n in DECODE
-        ]
+    """One round of reports from the deploy-time split: the prefill pool (TTFT, prompts
+    waiting) and the decode pool (TBT, hand-offs waiting for KV, the KV it holds)."""
+    _report(
+        monitor,
+        _split(),
+        ttft_p99=ttft_p99,
+        prompt_queue=prompt_queue,
+        tbt_p99=tbt_p99,
+        handoffs=handoffs,
+        decode_kv=decode_kv,
     )
 
 
-def _role_changes(report: CycleReport) -> list[str]:
+def _loop_role_changes(report: CycleReport) -> list[Move]:
+    """The role changes the measured loop proposes (none when it proposes nothing)."""
     if not (report.decision.propose and "at risk" in report.decision.reason):
         return []
-    return [m.reason for m in report.plan.moves if m.kind is MoveKind.ROLE_CHANGE]
+    return [m for m in report.plan.moves if m.kind is MoveKind.ROLE_CHANGE]
+
+
+def _role_changes(report: CycleReport) -> list[str]:
+    return [m.reason for m in _loop_role_changes(report)]
 
 
 def test_an_owned_fleet_saturated_in_both_phases_gets_no_role_churn_from_the_loop() -> None:
@@ -222,12 +202,10 @@ def _report(
 
 def _off_prefill(report: CycleReport) -> list[str]:
     """The measured loop's role changes that take a worker out of the prefill pool."""
-    if not (report.decision.propose and "at risk" in report.decision.reason):
-        return []
     return [
         m.reason
-        for m in report.plan.moves
-        if m.kind is MoveKind.ROLE_CHANGE and m.source is not None and m.source.role is Role.PREFILL
+        for m in _loop_role_changes(report)
+        if m.source is not None and m.source.role is Role.PREFILL
     ]
 
 
