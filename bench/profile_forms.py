@@ -104,14 +104,21 @@ def tuning(variant: str) -> dict[tuple[str, str], tuple[float, float]]:
     return out
 
 
+def print_tuning_table(
+    res: dict[str, dict[tuple[str, str], tuple[float, float]]], variants: Sequence[str]
+) -> None:
+    """One row per tuning figure, one ``median / p90`` column per variant (round 8 too)."""
+    print("| tuning figure | phase | " + " | ".join(variants) + " |")
+    print("|---|---|" + "---|" * len(variants))
+    for k in res[variants[0]]:
+        cells = " | ".join(f"{res[v][k][0]:.1f} / {res[v][k][1]:.1f}" for v in variants)
+        print(f"| {k[0]} | {k[1]} | {cells} |")
+
+
 def main_tuning(variants: Sequence[str]) -> None:
     res = {v: tuning(v) for v in variants}
     keys = list(res[variants[0]])
-    print("| tuning figure | phase | " + " | ".join(variants) + " |")
-    print("|---|---|" + "---|" * len(variants))
-    for k in keys:
-        cells = " | ".join(f"{res[v][k][0]:.1f} / {res[v][k][1]:.1f}" for v in variants)
-        print(f"| {k[0]} | {k[1]} | {cells} |")
+    print_tuning_table(res, variants)
     sums = {v: sum(m + p for m, p in res[v].values()) for v in variants}
     base = res.get("v0")
     for v in variants:

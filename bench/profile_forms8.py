@@ -97,11 +97,7 @@ def main_tuning(variants: Sequence[str]) -> None:
         res[v] = {k: (e.median_abs_pct, e.p90_abs_pct) for k, e in score(tuning_entries()).items()}
     keys = list(res[variants[0]])
     print(f"{len(keys)} tuning entries x (median, p90)")
-    print("| tuning figure | phase | " + " | ".join(variants) + " |")
-    print("|---|---|" + "---|" * len(variants))
-    for k in keys:
-        cells = " | ".join(f"{res[v][k][0]:.1f} / {res[v][k][1]:.1f}" for v in variants)
-        print(f"| {k[0]} | {k[1]} | {cells} |")
+    R7.print_tuning_table(res, variants)
     sums = {v: sum(m + p for m, p in res[v].values()) for v in variants}
     base = res["v0"]
     for v in variants:
