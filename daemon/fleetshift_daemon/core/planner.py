@@ -567,11 +567,12 @@ class _Lp:
             )
 
         res = solve(self.cfg.time_limit_s)
+        retry_s = max(self.cfg.retry_time_limit_s, self.cfg.time_limit_s)
         if res.x is None and res.status == _LIMIT_REACHED:
-            res = solve(max(self.cfg.retry_time_limit_s, self.cfg.time_limit_s))
+            res = solve(retry_s)
         if res.x is None and res.status == _LIMIT_REACHED:
             raise Unavailable(
-                f"the solver found no placement within {self.cfg.retry_time_limit_s:g} s "
+                f"the solver found no placement within {retry_s:g} s "
                 f"({res.message}): the host is too slow or too loaded, not the fleet too small"
             )
         if res.x is None:
