@@ -51,6 +51,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1200)]
 SPEC = {n.name: n for n in NODES}
 TOKENS = 200
 BLOCK = 128  # vLLM's KV block on a CPU: prompts longer than one carry KV through the store
+HOLD = 8  # each session waits after this many tokens until the test pauses the worker
 
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -62,12 +63,16 @@ def prompt(n: int, seed: int) -> list[int]:
 SESSIONS = [(f"c-{i}", prompt(130 + 30 * i, 40 + i)) for i in range(4)]
 
 
-def request(sid: str, toks: list[int]) -> worker_pb2.GenerateRequest:
+def request(sid: str, toks: list[int], hold: int = 0) -> worker_pb2.GenerateRequest:
+    """``hold``: the session stops after that many tokens and waits for the test's Pause, so
+    the pause finds it mid-stream however far the worker ran ahead of a loaded client (CI
+    once saw all four sessions end before the Pause landed)."""
     return worker_pb2.GenerateRequest(
         prompt_tokens=toks,
         max_new_tokens=TOKENS,
         sampling=worker_pb2.WorkerSampling(temperature=0.0),
         session_id=sid,
+        hold_after_tokens=hold,
     )
 
 
@@ -164,10 +169,12 @@ async def move_worker(
         async def one(sid: str, toks: list[int]) -> tuple[str, list[int]]:
             out: list[int] = []
             streams.open.add(sid)
-            async for msg in follow_session(daemon, worker.endpoint, request(sid + suffix, toks)):
+            async for msg in follow_session(
+                daemon, worker.endpoint, request(sid + suffix, toks, hold=HOLD)
+            ):
                 out.append(msg.token)
                 streams.counts[sid] = len(out)
-                if len(streams.counts) == len(SESSIONS) and min(streams.counts.values()) >= 8:
+                if len(streams.counts) == len(SESSIONS) and min(streams.counts.values()) >= HOLD:
                     streams.started.set()
             streams.open.discard(sid)
             return sid, out
