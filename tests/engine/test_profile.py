@@ -102,6 +102,30 @@ def test_a_gpu_kind_label_for_a_cpu_worker_is_refused(
     assert not out.exists()
 
 
+def test_a_gpu_worker_is_labelled_with_the_catalogue_kind_calibration_reads() -> None:
+    """A GPU worker's product (as CUDA names it) becomes the catalogue kind's name, which the
+    calibration's loader maps back onto that kind; a GPU the catalogue lacks keeps its own
+    name, and the loader refuses it naming the names it knows."""
+    from fleetshift.v1 import worker_pb2
+    from fleetshift_common.errors import InvalidArgument
+    from fleetshift_daemon.cli.profile.machine import hardware_label
+    from fleetshift_daemon.core.gpus import H200_SXM
+    from fleetshift_daemon.core.measurements import hardware_kind
+
+    def info(product: str) -> worker_pb2.WorkerInfo:
+        key = worker_pb2.WorkerCompatKey(gpu_product=product, compute_capability="9.0")
+        return worker_pb2.WorkerInfo(compat_key=key)
+
+    label = hardware_label(info("NVIDIA H200"), local=True, requested="")
+    assert label == "H200-SXM"
+    assert hardware_kind(label) is H200_SXM
+    assert hardware_label(info("NVIDIA H200"), local=True, requested="h200-x") == "h200-x"
+    unknown = hardware_label(info("NVIDIA B200"), local=True, requested="")
+    assert unknown == "nvidia-b200"
+    with pytest.raises(InvalidArgument, match="unknown hardware 'nvidia-b200'"):
+        hardware_kind(unknown)
+
+
 def test_the_concurrency_ladder_is_geometric_and_ends_at_the_limit() -> None:
     assert geometric(256) == (1, 4, 16, 64, 256)
     assert geometric(40) == (1, 4, 16, 40)

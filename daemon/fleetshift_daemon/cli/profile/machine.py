@@ -22,6 +22,7 @@ import torch
 
 from fleetshift.v1 import worker_pb2
 from fleetshift_daemon.cli.profile.measure import HostSpeed
+from fleetshift_daemon.core.gpus import default_catalogue
 
 DECLARED = " (declared)"
 
@@ -58,8 +59,11 @@ def worker_cpu_name(info: worker_pb2.WorkerInfo, local: bool) -> str:
 
 
 def hardware_label(info: worker_pb2.WorkerInfo, local: bool, requested: str) -> str:
-    """``cpu-<model name>`` for a CPU worker, whatever GPU it is declared as; a GPU worker's
-    product name, or the label the operator asked for (e.g. ``h100-80gb``)."""
+    """``cpu-<model name>`` for a CPU worker, whatever GPU it is declared as; for a GPU
+    worker, the label the operator asked for (e.g. ``h100-80gb``), else the catalogue kind
+    its product name matches (``NVIDIA H200`` -> ``H200-SXM``), the name ``fleetshift
+    calibration`` reads back, else the product name itself (a GPU the catalogue lacks: the
+    calibration refuses it by name until the operator passes ``--hardware``)."""
     if runs_on_cpu(info):
         label = f"cpu-{slug(worker_cpu_name(info, local))}"
         if requested and requested != label and not requested.startswith("cpu-"):
@@ -69,7 +73,10 @@ def hardware_label(info: worker_pb2.WorkerInfo, local: bool, requested: str) -> 
                 "never as a GPU kind"
             )
         return requested or label
-    return requested or slug(info.compat_key.gpu_product)
+    if requested:
+        return requested
+    kind = default_catalogue().for_product(info.compat_key.gpu_product)
+    return kind.name if kind is not None else slug(info.compat_key.gpu_product)
 
 
 @dataclass(frozen=True)
