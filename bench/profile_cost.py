@@ -41,9 +41,12 @@ SWEEP = {"prompt_sizes": "128,256,512,1024,2048", "max_concurrency": 64, "token_
          "repeats": 3, "time_budget_s": 0.0}  # fmt: skip
 
 
-def shape(preset: str, overrides: str) -> ModelConfig:
-    """The preset's config with ``key=int`` overrides (a shape no preset has)."""
+def shape(preset: str, overrides: str, dtype: str = "") -> ModelConfig:
+    """The preset's config with ``key=int`` overrides (a shape no preset has), its weights
+    stored in ``dtype`` when given (a GPU worker serves bfloat16)."""
     values = dataclasses.asdict(PRESETS[preset])
+    if dtype:
+        values["torch_dtype"] = dtype
     for item in filter(None, overrides.split(",")):
         key, _, raw = item.partition("=")
         if key.strip() not in values:
@@ -59,17 +62,24 @@ def write_model(cfg: ModelConfig, out: Path, seed: int) -> None:
     write_tokenizer(out, cfg.vocab_size, seed)
 
 
-def start_worker(model: Path, root: Path, threads: int) -> tuple[subprocess.Popen[bytes], int]:
+def start_worker(
+    model: Path, root: Path, args: argparse.Namespace
+) -> tuple[subprocess.Popen[bytes], int]:
+    """The worker process profiled: on ``--device`` (a CUDA worker when a GPU is there),
+    with a KV pool of ``--num-blocks`` (a GPU's holds the sweep's largest batches of long
+    prompts, which the CPU default leaves out)."""
     port_file = root / "worker.port"
+    threads = args.threads
     cmd = [
         sys.executable, "-m", "fleetshift_agent.worker", "--port-file", str(port_file),
         "--no-compile", "--threads", str(threads), "--model-dir", str(model),
-        "--max-running", "64", "--num-blocks", "2048", "--worker-id", "profiled",
+        "--max-running", "64", "--num-blocks", str(args.num_blocks), "--worker-id", "profiled",
+        "--device", args.device,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     log = (root / "worker.log").open("wb")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
@@ -86,6 +96,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--name", default="", help="the model's name (default: the preset's)")
     parser.add_argument("--shape", default="", help="KEY=INT,... overriding the preset's config")
+    parser.add_argument("--device", default="cpu", help="the worker's torch device (cuda: a GPU)")
+    parser.add_argument("--dtype", default="", help="the weights' dtype (default: the preset's)")
+    parser.add_argument("--num-blocks", type=int, default=2048, help="the worker's KV blocks")
     for key, default in SWEEP.items():
         parser.add_argument("--" + key.replace("_", "-"), type=type(default), default=default)
     args = parser.parse_args()
@@ -96,8 +109,8 @@ def main() -> int:
         root = Path(tmp)
         model = args.out / name
         if not (model / "config.json").exists():
-            write_model(shape(args.preset, args.shape), model, args.seed)
-        proc, port = start_worker(model, root, args.threads)
+            write_model(shape(args.preset, args.shape, args.dtype), model, args.seed)
+        proc, port = start_worker(model, root, args)
         try:
             csv_path = args.out / f"{name}.csv"
             cmd = [sys.executable, "-m", "fleetshift_daemon.cli.main", "profile",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -9,6 +10,11 @@ from fleetshift_agent.engine import Engine, EngineConfig, SamplingParams
 from fleetshift_agent.engine.factory import engine_from_dir
 
 Request = tuple[list[int], int, SamplingParams]
+
+# The torch device the engine tests compute on: the CPU, or with FLEETSHIFT_TEST_DEVICE=cuda
+# a GPU (the in-process engines and the worker processes alike, so that every reference run
+# is on the same device as what it is compared with). bench/gpu_engine_tests.sh sets it.
+DEVICE = os.environ.get("FLEETSHIFT_TEST_DEVICE", "cpu")
 
 # Two greedy and two seeded sessions with different prompt lengths (one spans blocks).
 REQUESTS: dict[str, Request] = {
@@ -20,7 +26,7 @@ REQUESTS: dict[str, Request] = {
 
 
 def new_engine(model_dir: Path, **overrides: object) -> Engine:
-    cfg = EngineConfig(**{"num_blocks": 64, "compile": False, **overrides})  # type: ignore[arg-type]
+    cfg = EngineConfig(**{"num_blocks": 64, "compile": False, "device": DEVICE, **overrides})  # type: ignore[arg-type]
     return engine_from_dir(model_dir, cfg)
 
 

@@ -16,7 +16,7 @@ import grpc
 from fleetshift.v1 import worker_pb2, worker_pb2_grpc
 from fleetshift_agent.engine import SamplingParams
 
-from .helpers import Request
+from .helpers import DEVICE, Request
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,7 @@ class Workers:
         cmd = [
             sys.executable, "-m", "fleetshift_agent.worker",
             "--port-file", str(port_file), "--threads", "1", "--no-compile",
-            "--worker-id", f"test-{n}", *args,
+            "--worker-id", f"test-{n}", "--device", DEVICE, *args,
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         with log.open("wb") as out:
