@@ -310,11 +310,14 @@ def _validate(dep: Deployment) -> None:
 
 
 def _weight_bytes(dep: Deployment) -> int:
-    """All parameters (every expert of a mixture) at the weight dtype; embeddings at BF16."""
+    """All parameters (every expert of a mixture) at the weight dtype; embeddings and the
+    LM head at BF16 under narrower weights (FP8, INT4), at the weights' own width otherwise:
+    a float32 model's are float32, as the head's streaming stall already counts them."""
     arch = dep.arch
     other = arch.embedding_params + arch.hidden
     linear = arch.param_count() - other
-    return int(linear * dep.dtype.bytes_per_weight + other * EMBED_BYTES_PER_PARAM)
+    width = dep.dtype.bytes_per_weight
+    return int(linear * width + other * max(width, EMBED_BYTES_PER_PARAM))
 
 
 def _kv_bytes_per_token(dep: Deployment, physical: bool) -> int:
