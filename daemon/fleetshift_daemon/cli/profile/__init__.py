@@ -347,21 +347,22 @@ async def run(args: argparse.Namespace) -> int:
         if not grid.points:
             raise ValueError("no point of the sweep fits the worker: " + "; ".join(grid.skipped))
         peaks, probe, pid = None, None, None
-        if local and not args.no_peaks:
+        # A CPU's peaks are measured here (no datasheet figure would do); a GPU worker's kind
+        # has the catalogue's, and this host's CPU peaks would describe nothing it ran on.
+        if local and not args.no_peaks and machine.runs_on_cpu(info):
             console.print("timing this host's peak matmul and copy rates ...")
             peaks = machine.measure_peaks(args.threads)
-            if machine.runs_on_cpu(info):  # the probe times this host: the worker's only here
-                probe = machine.HostProbe(args.threads)
-                pid = _local_worker_pid(args.worker)
-                # best of 3, as the peaks are a best: a row's probe over this is its speed
-                # relative to the peaks
-                starts = [probe() for _ in range(3)]
-                start = HostSpeed(
-                    max(s.matmul_gflops for s in starts), max(s.copy_gbps for s in starts)
-                )
-                peaks = dataclasses.replace(
-                    peaks, probe_matmul_gflops=start.matmul_gflops, probe_copy_gbps=start.copy_gbps
-                )
+            probe = machine.HostProbe(args.threads)
+            pid = _local_worker_pid(args.worker)
+            # best of 3, as the peaks are a best: a row's probe over this is its speed
+            # relative to the peaks
+            starts = [probe() for _ in range(3)]
+            start = HostSpeed(
+                max(s.matmul_gflops for s in starts), max(s.copy_gbps for s in starts)
+            )
+            peaks = dataclasses.replace(
+                peaks, probe_matmul_gflops=start.matmul_gflops, probe_copy_gbps=start.copy_gbps
+            )
         console.print(
             f"profiling {info.model_id} on {hardware}: {len(grid.points)} points x "
             f"{args.repeats} repeats ({len(grid.skipped)} left out by the worker's "
