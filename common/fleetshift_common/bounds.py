@@ -41,6 +41,9 @@ MAX_CHUNK_BYTES = 64 << 20  # the transfer's chunk cap is smaller still; 0 = ser
 MAX_TEXT_CHARS = 4096  # PATH_MAX: the longest string field (a path) any request needs
 MAX_ITEMS = 65_536  # default cap on a repeated field's length
 MAX_ROUTE_BATCH = 4096  # Route requests in one RouteStream message (~100 bytes each)
+# Tokens one GenerateResponse may carry (tokens_per_message): a message stays a few KiB, and
+# a client's view of progress no coarser than this.
+MAX_TOKENS_PER_MESSAGE = 256
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,9 @@ BOUNDS: Mapping[str, Bound] = types.MappingProxyType(
         ),
         _V + "GenerateRequest.resume_from_token": _TOKENS_SO_FAR,
         _V + "GenerateRequest.hold_after_tokens": _TOKENS_SO_FAR,
+        _V + "GenerateRequest.tokens_per_message": Bound(
+            0, MAX_TOKENS_PER_MESSAGE, "tokens", "one message stays small", zero="one per message"
+        ),
         _V + "WorkerSampling.temperature": Bound(0, 100, "", "a softmax temperature"),
         _V + "WorkerSampling.top_p": Bound(0, 1, "", "a probability mass", lo_open=True),
         _V + "WorkerSampling.seed": Bound(0, (1 << 64) - 1, "", "any 64-bit seed"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
@@ -62,14 +62,20 @@ async def follow_session(
     max_message_bytes: int = 64 << 20,
     channel_for: ChannelFor | None = None,
     credentials: grpc.ChannelCredentials | None = None,
+    tokens_per_message: int = 0,
 ) -> AsyncIterator[worker_pb2.GenerateResponse]:
     """Yield the session's tokens in order, re-attaching after each move, until it finishes.
 
     ``channel_for`` lets a long-lived caller (the HTTP gateway) reuse one channel per worker
     instead of connecting afresh for every stream. ``credentials`` are what a fresh channel
     dials workers with: on a fleet with TLS, a certificate the workers' nodes list in
-    ``worker_session_callers`` (a router's, by default)."""
+    ``worker_session_callers`` (a router's, by default). ``tokens_per_message`` (> 1) asks
+    every worker the session streams from to put the tokens it already has in one message
+    (the request's own value otherwise); the caller still gets one message per token."""
     locator = stub(operations_pb2_grpc.OperationsStub, daemon)
+    per_message = tokens_per_message or request.tokens_per_message
+    if per_message != request.tokens_per_message:
+        request = _with_tokens_per_message(request, per_message)
     session_id, received, first = request.session_id, 0, True
     loop = asyncio.get_running_loop()
     lost_since: float | None = None  # a session that stays unreachable this long is lost
@@ -80,21 +86,26 @@ async def follow_session(
             request
             if first
             else worker_pb2.GenerateRequest(
-                resume_session_id=session_id, resume_from_token=received
+                resume_session_id=session_id,
+                resume_from_token=received,
+                tokens_per_message=per_message,
             )
         )
         try:
             async with connect(endpoint) as ch:
-                async for msg in stub(worker_pb2_grpc.WorkerServiceStub, ch).Generate(call_request):
+                async for message in stub(worker_pb2_grpc.WorkerServiceStub, ch).Generate(
+                    call_request
+                ):
                     first = False
-                    session_id = msg.session_id
+                    session_id = message.session_id
                     lost_since = None
-                    if msg.index < received:
-                        continue  # replayed by the new worker: already delivered
-                    received = msg.index + 1
-                    yield msg
-                    if msg.finished:
-                        return
+                    for msg in one_per_token(message):
+                        if msg.index < received:
+                            continue  # replayed by the new worker: already delivered
+                        received = msg.index + 1
+                        yield msg
+                        if msg.finished:
+                            return
         except grpc.aio.AioRpcError as err:
             opening = first and not request.resume_session_id  # no token of a new session yet
             if (
@@ -111,6 +122,35 @@ async def follow_session(
         endpoint = await _locate(locator, session_id, endpoint, relocate_timeout_s)
 
 
+def one_per_token(msg: worker_pb2.GenerateResponse) -> Sequence[worker_pb2.GenerateResponse]:
+    """A message of several tokens (``more_tokens``) as one message per token, in order:
+    each with its own index, the last carrying the message's ``finished`` and reason."""
+    if not msg.more_tokens:
+        return (msg,)
+    tokens = [msg.token, *msg.more_tokens]
+    end = len(tokens) - 1
+    return [
+        worker_pb2.GenerateResponse(
+            session_id=msg.session_id,
+            token=token,
+            index=msg.index + i,
+            finished=msg.finished and i == end,
+            finish_reason=msg.finish_reason if i == end else "",
+        )
+        for i, token in enumerate(tokens)
+    ]
+
+
+def _with_tokens_per_message(
+    request: worker_pb2.GenerateRequest, per_message: int
+) -> worker_pb2.GenerateRequest:
+    """A copy of ``request`` (the caller's stays as it was) asking for ``per_message``."""
+    copy = worker_pb2.GenerateRequest()
+    copy.CopyFrom(request)
+    copy.tokens_per_message = per_message
+    return copy
+
+
 async def routed_session(
     daemon: grpc.aio.Channel,
     route: placement_pb2.RouteRequest,
@@ -122,6 +162,7 @@ async def routed_session(
     max_message_bytes: int = 64 << 20,
     channel_for: ChannelFor | None = None,
     credentials: grpc.ChannelCredentials | None = None,
+    tokens_per_message: int = 0,
 ) -> AsyncIterator[worker_pb2.GenerateResponse]:
     """A new session on the worker the daemon routes it to, followed across moves.
 
@@ -152,6 +193,7 @@ async def routed_session(
                 max_message_bytes=max_message_bytes,
                 channel_for=channel_for,
                 credentials=credentials,
+                tokens_per_message=tokens_per_message,
             ):
                 started = True
                 yield msg

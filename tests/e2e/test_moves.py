@@ -35,11 +35,18 @@ async def start_worker(ops: pb_grpc.OperationsStub, node: str) -> fpb.WorkerStat
 async def stream_all(
     daemon: grpc.aio.Channel, endpoint: str, started: asyncio.Event
 ) -> dict[str, list[int]]:
+    """Every session's tokens, followed across moves; every other session asks its workers
+    for up to 8 tokens a message (``tokens_per_message``), so a move re-attaches both kinds
+    of stream (a packed one resumes at the next token, whatever message it was in)."""
     seen: dict[str, int] = {}
+    packed = {s[0] for s in SESSIONS[1::2]}
 
     async def one(session: tuple[str, list[int], float, int | None]) -> list[int]:
         tokens = []
-        async for msg in follow_session(daemon, endpoint, request(session, TOKENS)):
+        per_message = 8 if session[0] in packed else 0
+        async for msg in follow_session(
+            daemon, endpoint, request(session, TOKENS), tokens_per_message=per_message
+        ):
             tokens.append(msg.token)
             seen[session[0]] = len(tokens)
             if len(seen) == len(SESSIONS) and min(seen.values()) >= 20:

@@ -64,6 +64,10 @@ async def _generate_error(worker: WorkerProcess, req: worker_pb2.GenerateRequest
             "sampling.top_p",
         ),
         (worker_pb2.GenerateRequest(resume_from_token=3), "resume_from_token"),
+        (
+            worker_pb2.GenerateRequest(prompt_tokens=[1], max_new_tokens=4, tokens_per_message=257),
+            "tokens_per_message",
+        ),
     ],
     ids=[
         "empty-prompt",
@@ -73,6 +77,7 @@ async def _generate_error(worker: WorkerProcess, req: worker_pb2.GenerateRequest
         "top-p-0",
         "top-p-above-1",
         "resume-without-id",
+        "tokens-per-message-over-256",
     ],
 )
 async def test_bad_generate_is_invalid_argument_naming_the_field(
@@ -187,6 +192,39 @@ async def test_counters_follow_a_generation(worker: WorkerProcess) -> None:
     assert after.decode_tokens - before.decode_tokens == 5
     assert after.kv_blocks_total == 64 and after.kv_blocks_used == 0
     assert after.ttft_p50_ms > 0 and after.tbt_p99_ms >= after.tbt_p50_ms > 0
+
+
+async def test_a_stream_of_several_tokens_per_message_carries_the_same_tokens(
+    worker: WorkerProcess,
+) -> None:
+    """tokens_per_message packs the tokens the worker already has: a live stream carries
+    exactly the tokens of a one-per-message run, and a re-attach to a finished session gets
+    them four to a message, each message at its first token's index, the last one finished."""
+    async with worker.channel() as ch:
+        s = stub(ch)
+
+        def req(sid: str, per_message: int) -> worker_pb2.GenerateRequest:
+            return worker_pb2.GenerateRequest(
+                prompt_tokens=list(range(3, 23)),
+                max_new_tokens=10,
+                sampling=OK_SAMPLING,
+                session_id=sid,
+                tokens_per_message=per_message,
+            )
+
+        single = [m async for m in s.Generate(req("one-each", 0))]
+        packed = [m async for m in s.Generate(req("packed", 8))]
+        again = worker_pb2.GenerateRequest(
+            resume_session_id="packed", resume_from_token=1, tokens_per_message=4
+        )
+        replay = [m async for m in s.Generate(again)]
+    assert all(not m.more_tokens for m in single) and len(single) == 10
+    reference = [m.token for m in single]
+    assert [t for m in packed for t in (m.token, *m.more_tokens)] == reference
+    assert packed[-1].finished and packed[-1].finish_reason == "length"
+    assert [(m.index, len(m.more_tokens) + 1) for m in replay] == [(1, 4), (5, 4), (9, 1)]
+    assert [t for m in replay for t in (m.token, *m.more_tokens)] == reference[1:]
+    assert [m.finished for m in replay] == [False, False, True]
 
 
 async def test_a_client_that_leaves_frees_its_session(worker: WorkerProcess) -> None:

@@ -170,13 +170,21 @@ class Feeds:
             del self._feeds[sid]
 
 
-async def stream(feed: Feed, start: int) -> AsyncIterator[worker_pb2.GenerateResponse]:
+async def stream(
+    feed: Feed, start: int, per_message: int = 1
+) -> AsyncIterator[worker_pb2.GenerateResponse]:
     """A client's stream of ``feed`` from token ``start`` on: what it holds, then live tokens
-    until the session finishes or leaves. Every engine's worker serves Generate with this."""
+    until the session finishes or leaves. Every engine's worker serves Generate with this.
+
+    ``per_message`` > 1 (the request's ``tokens_per_message``): one message carries up to
+    that many of the tokens the feed already holds, never waiting for more, so a client's
+    stream is no later than with one token per message."""
     index = start
+    per_message = max(1, per_message)
     while True:
         while index < len(feed.tokens):
-            last = feed.finished and index == len(feed.tokens) - 1
+            end = min(len(feed.tokens), index + per_message)
+            last = feed.finished and end == len(feed.tokens)
             # Given to a client stream: read (marked before the yield, as a client that has
             # what it asked for may hang up before the generator runs on).
             feed.read = feed.read or last
@@ -186,8 +194,9 @@ async def stream(feed: Feed, start: int) -> AsyncIterator[worker_pb2.GenerateRes
                 index=index,
                 finished=last,
                 finish_reason=feed.finish_reason if last else "",
+                more_tokens=feed.tokens[index + 1 : end],
             )
-            index += 1
+            index = end
         if feed.done:
             feed.read = feed.read or feed.finished  # re-attached past the last token
             return

@@ -100,7 +100,7 @@ class SessionServicer(worker_pb2_grpc.WorkerServiceServicer, Generic[S]):
             await context.abort(status_for(err), err.message)
             return
         try:
-            async for msg in stream(feed, start):
+            async for msg in stream(feed, start, request.tokens_per_message):
                 yield msg
         except asyncio.CancelledError:
             if not feed.done:  # the client went away: so does its session

@@ -18,7 +18,7 @@ class WorkerSampling(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt_tokens", "max_new_tokens", "sampling", "session_id", "stop_token_ids", "resume_session_id", "resume_from_token", "hold_after_tokens")
+    __slots__ = ("prompt_tokens", "max_new_tokens", "sampling", "session_id", "stop_token_ids", "resume_session_id", "resume_from_token", "hold_after_tokens", "tokens_per_message")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class GenerateRequest(_message.Message):
     RESUME_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_FROM_TOKEN_FIELD_NUMBER: _ClassVar[int]
     HOLD_AFTER_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
     sampling: WorkerSampling
@@ -35,21 +36,24 @@ class GenerateRequest(_message.Message):
     resume_session_id: str
     resume_from_token: int
     hold_after_tokens: int
-    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[WorkerSampling, _Mapping]] = ..., session_id: _Optional[str] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., resume_session_id: _Optional[str] = ..., resume_from_token: _Optional[int] = ..., hold_after_tokens: _Optional[int] = ...) -> None: ...
+    tokens_per_message: int
+    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[WorkerSampling, _Mapping]] = ..., session_id: _Optional[str] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., resume_session_id: _Optional[str] = ..., resume_from_token: _Optional[int] = ..., hold_after_tokens: _Optional[int] = ..., tokens_per_message: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("session_id", "token", "index", "finished", "finish_reason")
+    __slots__ = ("session_id", "token", "index", "finished", "finish_reason", "more_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    MORE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     token: int
     index: int
     finished: bool
     finish_reason: str
-    def __init__(self, session_id: _Optional[str] = ..., token: _Optional[int] = ..., index: _Optional[int] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ...) -> None: ...
+    more_tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., token: _Optional[int] = ..., index: _Optional[int] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., more_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WorkerPauseRequest(_message.Message):
     __slots__ = ()
