@@ -22,11 +22,15 @@ from fleetshift.v1 import placement_pb2, worker_pb2, worker_pb2_grpc
 from fleetshift_gateway.requests import Generation
 from fleetshift_gateway.routes import ROUTE_TIMEOUT_S, Router
 from fleetshift_rpc.route_stream import route_client
-from fleetshift_rpc.sessions import follow_session, routed_session, stub
+from fleetshift_rpc.sessions import follow_session, one_per_token, routed_session, stub
 
 log = logging.getLogger("fleetshift.gateway")
 
 MAX_MESSAGE_BYTES = 64 << 20
+# Tokens a worker may pack into one message for the gateway: those it already has (it never
+# waits for more), so a burst (vLLM's --stream-interval, a worker catching up after a move)
+# costs one message, not one each. The client's stream is the same, one event per token.
+TOKENS_PER_MESSAGE = 16
 
 
 class WorkerChannels:
@@ -66,7 +70,17 @@ def generate_request(gen: Generation, session_id: str) -> worker_pb2.GenerateReq
         max_new_tokens=gen.limit,
         sampling=sampling,
         session_id=session_id,
+        tokens_per_message=TOKENS_PER_MESSAGE,
     )
+
+
+async def _each_token(
+    call: AsyncIterator[worker_pb2.GenerateResponse],
+) -> AsyncIterator[worker_pb2.GenerateResponse]:
+    """A worker's stream as one message per token (it may pack several in one)."""
+    async for message in call:
+        for msg in one_per_token(message):
+            yield msg
 
 
 def route_request(gen: Generation) -> placement_pb2.RouteRequest:
@@ -175,7 +189,7 @@ class _Split:
             prefill = stub(worker_pb2_grpc.WorkerServiceStub, ch)
             call = prefill.Generate(first)
             try:
-                async for msg in call:
+                async for msg in _each_token(call):
                     received = msg.index + 1
                     yield msg
                     if msg.finished:
@@ -200,7 +214,11 @@ class _Split:
                     yield msg
                 return
         endpoint = await self._place(sid, exported.blob, [routed.decode_endpoint, routed.endpoint])
-        resume = worker_pb2.GenerateRequest(resume_session_id=sid, resume_from_token=received)
+        resume = worker_pb2.GenerateRequest(
+            resume_session_id=sid,
+            resume_from_token=received,
+            tokens_per_message=request.tokens_per_message,
+        )
         async for msg in follow_session(
             self.daemon, endpoint, resume, channel_for=self.channels.lend
         ):
