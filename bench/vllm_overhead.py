@@ -24,7 +24,7 @@ same load. The main figure is CPU per token (the worker process against its vLLM
 processes), which the machine's load moves far less than tokens/s.
 
     nice -n 10 .venv/bin/python bench/vllm_overhead.py [--sessions 4] [--tokens 256] [--rounds 6]
-        [--before-src DIR] [--py-spy FILE] [--stream-interval N]
+        [--before-src DIR] [--py-spy FILE] [--stream-interval N] [--tokens-per-message N]
 """
 
 from __future__ import annotations
@@ -92,15 +92,26 @@ def prompts(sessions: int, length: int) -> list[list[int]]:
 
 
 async def via_fleetshift(
-    stub: worker_pb2_grpc.WorkerServiceStub, prompt: list[int], tokens: int, sid: str
+    stub: worker_pb2_grpc.WorkerServiceStub,
+    prompt: list[int],
+    tokens: int,
+    sid: str,
+    per_message: int = 0,
 ) -> list[int]:
+    """The session's tokens through the worker's Generate; ``per_message`` > 1 asks for up to
+    that many a message (``tokens_per_message``; a shim that predates the field ignores it)."""
     request = worker_pb2.GenerateRequest(
         prompt_tokens=prompt,
         max_new_tokens=tokens,
         sampling=worker_pb2.WorkerSampling(temperature=0.0),
         session_id=sid,
+        tokens_per_message=per_message,
     )
-    return [msg.token async for msg in stub.Generate(request, timeout=600)]
+    out: list[int] = []
+    async for msg in stub.Generate(request, timeout=600):
+        out.append(msg.token)
+        out.extend(msg.more_tokens)
+    return out
 
 
 async def alone(http: httpx.AsyncClient, prompt: list[int], tokens: int) -> list[int]:
@@ -164,7 +175,9 @@ async def rounds(workers: dict[str, WorkerProcess], args: argparse.Namespace) ->
             if path.shim:
                 outs = await asyncio.gather(
                     *(
-                        via_fleetshift(stubs[path.worker], p, args.tokens, f"r{r}-{i}")
+                        via_fleetshift(
+                            stubs[path.worker], p, args.tokens, f"r{r}-{i}", args.tokens_per_message
+                        )
                         for i, p in enumerate(ps)
                     )
                 )
@@ -267,6 +280,12 @@ def main() -> None:
         type=int,
         default=1,
         help="vLLM's --stream-interval (tokens per streamed event; first and last at once)",
+    )
+    p.add_argument(
+        "--tokens-per-message",
+        type=int,
+        default=0,
+        help="the FleetShift path's GenerateRequest.tokens_per_message (0: one per message)",
     )
     args = p.parse_args()
     deadline(args.timeout_s)
