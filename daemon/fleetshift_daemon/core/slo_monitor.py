@@ -238,7 +238,7 @@ _ROLES = tuple(Role)
 _ROLE_CODE = {r: float(i) for i, r in enumerate(_ROLES)}
 _TTFT50, _TTFT99, _TBT50, _TBT99, _QUEUE, _LIVE, _ROLE, _KV_USED, _KV_TOTAL = range(9)
 _WIDTH = 9
-# which workers' queues a queue-growth test counts (see ``_counted``)
+# which workers' queues a queue-growth test counts (see ``_Round.queued``)
 _PREFILL_SIDE, _DECODE_SIDE = "prefill side", "decode side"
 _QueueKey = Role | str
 
@@ -318,10 +318,10 @@ class _Round:
         self.cache.clear()
         return True
 
-    def rows(self) -> Iterator[memoryview]:
-        view = memoryview(self.data)
-        for i in range(len(self.slots)):
-            yield view[i * _WIDTH : (i + 1) * _WIDTH]
+    def rows(self) -> Iterator[list[float]]:
+        values = self.data.tolist()  # one pass in C; slicing a list is cheaper than an array
+        for i in range(0, len(values), _WIDTH):
+            yield values[i : i + _WIDTH]
 
     def scored(self, slo: SloThresholds, role: Role | None) -> tuple[array[float], array[float]]:
         """``_weighted``'s terms over this round's reports (those of ``role`` workers, or
@@ -355,29 +355,33 @@ class _Round:
         return bool(hit)
 
     def queued(self, key: _QueueKey, fraction: float) -> array[float]:
-        """Each worker's queue depth if ``key`` counts it, else 0, in row order."""
-        cache_key = ("queued", key, fraction)
+        """Each worker's queue depth if ``key`` counts it, else 0, in row order: the prefill
+        or the decode side's (``LatencySample.decode_side``), or a role's workers' queue."""
+        cache_key = ("queued", fraction)
         hit = self.cache.get(cache_key)
-        if hit is None:
-            hit = self.cache[cache_key] = array(
-                "d", (row[_QUEUE] if _counted(row, key, fraction) else 0.0 for row in self.rows())
-            )
-        return hit  # type: ignore[return-value]
+        if hit is None:  # the four in one pass
+            prefill_side, decode_side, prefill, decode = (array("d") for _ in range(4))
+            p_code, d_code = _ROLE_CODE[Role.PREFILL], _ROLE_CODE[Role.DECODE]
+            for row in self.rows():
+                q, code = row[_QUEUE], row[_ROLE]
+                full = row[_KV_TOTAL] > 0 and row[_KV_USED] >= fraction * row[_KV_TOTAL]
+                on_decode = code == d_code or (code == p_code and full)
+                decode_side.append(q if on_decode else 0.0)
+                prefill_side.append(0.0 if on_decode else q)
+                prefill.append(q if code == p_code else 0.0)
+                decode.append(q if code == d_code else 0.0)
+            hit = self.cache[cache_key] = {
+                _PREFILL_SIDE: prefill_side,
+                _DECODE_SIDE: decode_side,
+                Role.PREFILL: prefill,
+                Role.DECODE: decode,
+            }
+        return hit[key]  # type: ignore[index, no-any-return]
 
 
 def _kv_full(row: Sequence[float], fraction: float) -> bool:
     """``LatencySample.kv_full`` on a row."""
     return row[_KV_TOTAL] > 0 and row[_KV_USED] >= fraction * row[_KV_TOTAL]
-
-
-def _counted(row: Sequence[float], key: _QueueKey, fraction: float) -> bool:
-    """Whether a queue-growth test counts this worker's queue: the prefill or decode side's
-    (``LatencySample.decode_side``), or a role's workers."""
-    role = _ROLES[int(row[_ROLE])]
-    if isinstance(key, Role):
-        return role is key
-    decode = role is Role.DECODE or (role is Role.PREFILL and _kv_full(row, fraction))
-    return decode if key == _DECODE_SIDE else not decode
 
 
 def _row_attainment(row: Sequence[float], slo: SloThresholds) -> float:
