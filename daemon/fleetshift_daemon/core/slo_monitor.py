@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import threading
+from array import array
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from fleetshift_common.errors import InvalidArgument
@@ -221,16 +223,219 @@ def sample_attainment(s: LatencySample, slo: SloThresholds) -> float:
     )
 
 
-@dataclass
+# A round keeps its reports as numbers, not as ``LatencySample`` objects: a full window holds
+# every worker's report of every round (2,000 workers x 300 rounds at the load bench's fleet,
+# 600,000 reports), and one object per report made every full collection of the daemon's
+# GC walk them all (0.5-1.6 s pauses on its event loop, docs/benchmarks.md, fs-17g). A
+# report is one row of ``_WIDTH`` doubles in an ``array`` (which the collector does not
+# track) and its worker a slot number; a round holds a fixed handful of objects whatever the
+# fleet's size. Doubles hold the reports exactly: latencies are floats, and the integer
+# fields (queue depth, sessions, KV tokens: uint32 on the wire, x16 for tokens) are far
+# below 2**53. Every figure is computed from the rows in the order the reports had before,
+# with the same arithmetic, so the assessments are the same to the bit
+# (tests/core/test_slo_monitor_rows.py compares them with the per-object monitor).
+_ROLES = tuple(Role)
+_ROLE_CODE = {r: float(i) for i, r in enumerate(_ROLES)}
+_TTFT50, _TTFT99, _TBT50, _TBT99, _QUEUE, _LIVE, _ROLE, _KV_USED, _KV_TOTAL = range(9)
+_WIDTH = 9
+# which workers' queues a queue-growth test counts (see ``_Round.queued``)
+_PREFILL_SIDE, _DECODE_SIDE = "prefill side", "decode side"
+_QueueKey = Role | str
+
+
+def _row(s: LatencySample) -> array[float]:
+    return array(
+        "d",
+        (
+            s.ttft_p50_ms,
+            s.ttft_p99_ms,
+            s.tbt_p50_ms,
+            s.tbt_p99_ms,
+            s.queue_depth,
+            s.live_sessions,
+            _ROLE_CODE[s.role],
+            s.kv_used_tokens,
+            s.kv_total_tokens,
+        ),
+    )
+
+
+def _sample(row: Sequence[float], worker_id: str, model: str) -> LatencySample:
+    return LatencySample(
+        worker_id,
+        model,
+        row[_TTFT50],
+        row[_TTFT99],
+        row[_TBT50],
+        row[_TBT99],
+        row[_QUEUE],  # type: ignore[arg-type]  # an integer held as a double (exact)
+        row[_LIVE],  # type: ignore[arg-type]
+        _ROLES[int(row[_ROLE])],
+        row[_KV_USED],  # type: ignore[arg-type]
+        row[_KV_TOTAL],  # type: ignore[arg-type]
+    )
+
+
 class _Round:
-    at: float
-    samples: dict[str, LatencySample] = field(default_factory=dict)
+    """One round's reports: ``slots[i]`` is the worker of row ``i`` (``data[i * _WIDTH:]``),
+    rows in the order the workers first reported in the round. ``index`` (slot -> row) is
+    kept while the round is the model's latest, the only one reports join; ``cache`` holds
+    what assessments derive from the rows (a round no report joins any more does not
+    change, so its scores are computed once), emptied whenever the rows change."""
+
+    __slots__ = ("at", "cache", "data", "index", "seq", "slots")
+
+    def __init__(self, at: float, seq: int) -> None:
+        self.at = at
+        self.seq = seq
+        self.slots = array("l")
+        self.data = array("d")
+        self.index: dict[int, int] | None = {}
+        self.cache: dict[object, object] = {}
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def put(self, slot: int, row: array[float]) -> None:
+        assert self.index is not None  # only the latest round takes reports
+        self.cache.clear()
+        i = self.index.get(slot)
+        if i is None:
+            self.index[slot] = len(self.slots)
+            self.slots.append(slot)
+            self.data.extend(row)
+        else:  # the worker's newer report replaces its older one, in its place
+            self.data[i * _WIDTH : (i + 1) * _WIDTH] = row
+
+    def drop(self, slot: int) -> bool:
+        if slot not in self.slots:
+            return False
+        i = self.slots.index(slot)
+        del self.slots[i]
+        del self.data[i * _WIDTH : (i + 1) * _WIDTH]
+        if self.index is not None:
+            self.index = {s: k for k, s in enumerate(self.slots)}
+        self.cache.clear()
+        return True
+
+    def rows(self) -> Iterator[list[float]]:
+        values = self.data.tolist()  # one pass in C; slicing a list is cheaper than an array
+        for i in range(0, len(values), _WIDTH):
+            yield values[i : i + _WIDTH]
+
+    def scored(self, slo: SloThresholds, role: Role | None) -> tuple[array[float], array[float]]:
+        """``_weighted``'s terms over this round's reports (those of ``role`` workers, or
+        all), in order: each weight times its attainment, and each weight."""
+        key = (slo, role)
+        hit = self.cache.get(key)
+        if hit is None:
+            code = None if role is None else _ROLE_CODE[role]
+            terms, weights = array("d"), array("d")
+            for row in self.rows():
+                if code is not None and row[_ROLE] != code:
+                    continue
+                if not (row[_TTFT50] > 0 or row[_TBT50] > 0):  # LatencySample.has_latency
+                    continue
+                w = float(max(row[_LIVE], 1))
+                weights.append(w)
+                terms.append(w * _row_attainment(row, slo))
+            hit = self.cache[key] = (terms, weights)
+        return hit  # type: ignore[return-value]
+
+    def memory_bound(self, role: Role, fraction: float) -> bool:
+        """Some ``role`` worker holds requests queued behind a KV at least ``fraction`` full."""
+        key = ("memory bound", role, fraction)
+        hit = self.cache.get(key)
+        if hit is None:
+            code = _ROLE_CODE[role]
+            hit = self.cache[key] = any(
+                row[_ROLE] == code and row[_QUEUE] > 0 and _kv_full(row, fraction)
+                for row in self.rows()
+            )
+        return bool(hit)
+
+    def queued(self, key: _QueueKey, fraction: float) -> array[float]:
+        """Each worker's queue depth if ``key`` counts it, else 0, in row order: the prefill
+        or the decode side's (``LatencySample.decode_side``), or a role's workers' queue."""
+        cache_key = ("queued", fraction)
+        hit = self.cache.get(cache_key)
+        if hit is None:  # the four in one pass
+            prefill_side, decode_side, prefill, decode = (array("d") for _ in range(4))
+            p_code, d_code = _ROLE_CODE[Role.PREFILL], _ROLE_CODE[Role.DECODE]
+            for row in self.rows():
+                q, code = row[_QUEUE], row[_ROLE]
+                full = row[_KV_TOTAL] > 0 and row[_KV_USED] >= fraction * row[_KV_TOTAL]
+                on_decode = code == d_code or (code == p_code and full)
+                decode_side.append(q if on_decode else 0.0)
+                prefill_side.append(0.0 if on_decode else q)
+                prefill.append(q if code == p_code else 0.0)
+                decode.append(q if code == d_code else 0.0)
+            hit = self.cache[cache_key] = {
+                _PREFILL_SIDE: prefill_side,
+                _DECODE_SIDE: decode_side,
+                Role.PREFILL: prefill,
+                Role.DECODE: decode,
+            }
+        return hit[key]  # type: ignore[index, no-any-return]
+
+
+def _kv_full(row: Sequence[float], fraction: float) -> bool:
+    """``LatencySample.kv_full`` on a row."""
+    return row[_KV_TOTAL] > 0 and row[_KV_USED] >= fraction * row[_KV_TOTAL]
+
+
+def _row_attainment(row: Sequence[float], slo: SloThresholds) -> float:
+    """``sample_attainment`` on a row."""
+    return min(
+        share_within(row[_TTFT50], row[_TTFT99], slo.ttft_ms),
+        share_within(row[_TBT50], row[_TBT99], slo.tbt_ms),
+    )
+
+
+def _add_up(total: float, terms: Iterable[float]) -> float:
+    """``total + t1 + t2 + ...`` left to right (``sum`` may compensate; this must not, so that
+    a window's figure is the one the per-report loop gave)."""
+    return deque(itertools.accumulate(terms, operator.add, initial=total), maxlen=1)[0]
+
+
+@dataclass
+class _Workers:
+    """A model's worker ids as small numbers (slots), so that a round's rows hold no strings.
+    A slot is held while some kept round has the worker's report (``last_seq``: the newest
+    such round) and given back when that round is evicted or the worker is forgotten."""
+
+    slot_of: dict[str, int] = field(default_factory=dict)
+    names: list[str] = field(default_factory=list)
+    last_seq: array[int] = field(default_factory=lambda: array("q"))
+    free: list[int] = field(default_factory=list)
+
+    def slot(self, worker_id: str) -> int:
+        slot = self.slot_of.get(worker_id)
+        if slot is None:
+            if self.free:
+                slot = self.free.pop()
+                self.names[slot] = worker_id
+            else:
+                slot = len(self.names)
+                self.names.append(worker_id)
+                self.last_seq.append(-1)
+            self.slot_of[worker_id] = slot
+        return slot
+
+    def release(self, slot: int) -> None:
+        del self.slot_of[self.names[slot]]
+        self.names[slot] = ""
+        self.last_seq[slot] = -1
+        self.free.append(slot)
 
 
 @dataclass
 class _ModelState:
     rounds: deque[_Round] = field(default_factory=deque)
     margin_since: float | None = None
+    workers: _Workers = field(default_factory=_Workers)
+    next_seq: int = 0
+    view: bool = False  # a dry run's copy: evicting it must not give back slots
 
 
 class SloMonitor:
@@ -266,16 +471,25 @@ class SloMonitor:
         batch = list(samples)
         for s in batch:  # all or nothing: a bad report changes nothing
             _check(s)
+        rows = [_row(s) for s in batch]
         now = self._clock()
-        by_model: dict[str, list[LatencySample]] = {}
-        for s in batch:
-            by_model.setdefault(s.model, []).append(s)
+        by_model: dict[str, list[tuple[LatencySample, array[float]]]] = {}
+        for s, row in zip(batch, rows, strict=True):
+            by_model.setdefault(s.model, []).append((s, row))
         with self._lock:
             for model, reports in by_model.items():
                 state = self._models.setdefault(model, _ModelState())
-                if self._opens_round(state, reports, now):
-                    state.rounds.append(_Round(now))
-                state.rounds[-1].samples.update((s.worker_id, s) for s in reports)
+                workers = state.workers
+                if self._opens_round(state, [s for s, _ in reports], now):
+                    if state.rounds:
+                        state.rounds[-1].index = None  # no report joins it any more
+                    state.rounds.append(_Round(now, state.next_seq))
+                    state.next_seq += 1
+                last = state.rounds[-1]
+                for s, row in reports:
+                    slot = workers.slot(s.worker_id)
+                    workers.last_seq[slot] = last.seq
+                    last.put(slot, row)
             for state in self._models.values():
                 self._evict(state, now)
 
@@ -287,18 +501,29 @@ class SloMonitor:
             return False
         if now - last.at >= self._cfg.round_s:
             return True
-        return any(s.worker_id in last.samples for s in reports)
+        slot_of, index = state.workers.slot_of, last.index or {}
+        return any(slot_of.get(s.worker_id, -1) in index for s in reports)
 
     def forget_worker(self, worker_id: str) -> None:
         with self._lock:
             for state in self._models.values():
+                slot = state.workers.slot_of.get(worker_id)
+                if slot is None:
+                    continue
                 for r in state.rounds:
-                    r.samples.pop(worker_id, None)
+                    r.drop(slot)
+                state.workers.release(slot)
 
     def _evict(self, state: _ModelState, now: float) -> None:
         horizon = now - self._cfg.window_s
+        workers = state.workers
         while state.rounds and state.rounds[0].at < horizon:
-            state.rounds.popleft()
+            gone = state.rounds.popleft()
+            if state.view:
+                continue
+            for slot in gone.slots:
+                if workers.last_seq[slot] == gone.seq:  # its newest report goes with it
+                    workers.release(slot)
 
     def assess(self, model: str, slo: SloThresholds, *, record: bool = True) -> SloAssessment:
         """Attainment, risk and whether retiring is allowed, as of now.
@@ -315,14 +540,16 @@ class SloMonitor:
         if state is None:
             state = self._models.setdefault(model, _ModelState()) if record else _ModelState()
         elif not record:
-            state = _ModelState(deque(state.rounds), state.margin_since)
+            state = _ModelState(
+                deque(state.rounds), state.margin_since, state.workers, state.next_seq, True
+            )
         self._evict(state, now)
-        latest = _latest_per_worker(state.rounds)
+        latest = _latest_per_worker(state, model)
         current = _weighted(latest.values(), slo)
-        attainment = _weighted((s for r in state.rounds for s in r.samples.values()), slo)
+        attainment = _window_attainment(state.rounds, slo)
         frac = cfg.kv_full_fraction
-        grow_p = self._queue_growing(state, lambda s: not s.decode_side(frac))
-        grow_d = self._queue_growing(state, lambda s: s.decode_side(frac))
+        grow_p = self._queue_growing(state, _PREFILL_SIDE)
+        grow_d = self._queue_growing(state, _DECODE_SIDE)
         growing = grow_p or grow_d
         full = [s for s in latest.values() if s.memory_bound(frac)]
         split_full = any(s.role is not Role.MIXED for s in full)
@@ -356,11 +583,13 @@ class SloMonitor:
             grow_d,
             bool(full),
             split_full,
-            self._pool_spare(state, Role.PREFILL, ttft_slo),
-            self._pool_spare(state, Role.DECODE, tbt_slo),
+            self._pool_spare(state, latest, Role.PREFILL, ttft_slo),
+            self._pool_spare(state, latest, Role.DECODE, tbt_slo),
         )
 
-    def _pool_spare(self, state: _ModelState, role: Role, slo: SloThresholds) -> int:
+    def _pool_spare(
+        self, state: _ModelState, latest: dict[str, LatencySample], role: Role, slo: SloThresholds
+    ) -> int:
         """How many workers the pool of ``role`` workers has measured margin to give away.
 
         A role change off a pool is a retirement from that phase, and a retirement needs
@@ -373,13 +602,13 @@ class SloMonitor:
         cfg = self._cfg
         if len(state.rounds) < cfg.queue_growth_rounds + 1:
             return 0
-        pool = [s for s in _latest_per_worker(state.rounds).values() if s.role is role]
+        pool = [s for s in latest.values() if s.role is role]
         share = _weighted(pool, slo)
         if share is not None and share < cfg.target:  # none measured: an idle pool misses nothing
             return 0
         if any(s.memory_bound(cfg.kv_full_fraction) for s in pool):
             return 0
-        if self._queue_growing(state, lambda s: s.role is role):
+        if self._queue_growing(state, role):
             return 0
         used = sum(s.kv_used_tokens for s in pool)
         room = sorted((s.kv_total_tokens for s in pool), reverse=True)
@@ -406,36 +635,58 @@ class SloMonitor:
             if len(rounds) < cfg.queue_growth_rounds + 1:
                 return False
             for r in rounds:
-                pool = [s for s in r.samples.values() if s.role is role]
-                share = _weighted(pool, own)
-                if share is not None and share < cfg.target:  # none measured misses nothing
-                    return False
-                if any(s.memory_bound(cfg.kv_full_fraction) for s in pool):
+                terms, weights = r.scored(own, role)
+                if weights:  # none measured misses nothing
+                    share = _add_up(0.0, terms) / _add_up(0.0, weights)
+                    if share < cfg.target:
+                        return False
+                if r.memory_bound(role, cfg.kv_full_fraction):
                     return False
             return True
 
-    def _queue_growing(self, state: _ModelState, counted: Callable[[LatencySample], bool]) -> bool:
-        """The summed queue of the workers ``counted`` picks (each worker's latest report as
+    def _queue_growing(self, state: _ModelState, key: _QueueKey) -> bool:
+        """The summed queue of the workers ``key`` counts (each worker's latest report as
         of each round) rose in each of the last rounds and ended well above where the rise
         started."""
         cfg = self._cfg
-        seen: dict[str, int] = {}
-        totals: list[int] = []
-        for r in state.rounds:
-            seen.update({w: s.queue_depth if counted(s) else 0 for w, s in r.samples.items()})
-            totals.append(sum(seen.values()))
-        hist = totals[-(cfg.queue_growth_rounds + 1) :]
-        if len(hist) < cfg.queue_growth_rounds + 1 or hist[-1] <= cfg.queue_floor:
+        n = cfg.queue_growth_rounds + 1
+        if len(state.rounds) < n:
+            return False
+        seen: dict[int, float] = {}
+        hist: list[float] = []
+        first = len(state.rounds) - n  # only the last n sums are compared
+        for k, r in enumerate(state.rounds):
+            seen.update(zip(r.slots, r.queued(key, cfg.kv_full_fraction), strict=True))
+            if k >= first:
+                hist.append(sum(seen.values()))
+        if hist[-1] <= cfg.queue_floor:
             return False
         rising = all(b > a for a, b in itertools.pairwise(hist))
         return rising and hist[-1] >= cfg.queue_growth_factor * max(hist[0], cfg.queue_floor)
 
 
-def _latest_per_worker(rounds: Iterable[_Round]) -> dict[str, LatencySample]:
-    latest: dict[str, LatencySample] = {}
+def _latest_per_worker(state: _ModelState, model: str) -> dict[str, LatencySample]:
+    """Each worker's newest report in the kept rounds, in the order workers first appear."""
+    where: dict[int, tuple[_Round, int]] = {}
+    for r in state.rounds:
+        where.update(
+            zip(r.slots, zip(itertools.repeat(r), range(len(r)), strict=False), strict=True)
+        )
+    names = state.workers.names
+    return {
+        names[slot]: _sample(r.data[i * _WIDTH : (i + 1) * _WIDTH], names[slot], model)
+        for slot, (r, i) in where.items()
+    }
+
+
+def _window_attainment(rounds: Iterable[_Round], slo: SloThresholds) -> float | None:
+    """``_weighted`` over every kept report, in order (each round's terms computed once)."""
+    total = weight = 0.0
     for r in rounds:
-        latest.update(r.samples)
-    return latest
+        terms, weights = r.scored(slo, None)
+        total = _add_up(total, terms)
+        weight = _add_up(weight, weights)
+    return None if weight == 0 else total / weight
 
 
 def _weighted(samples: Iterable[LatencySample], slo: SloThresholds | None = None) -> float | None:
