@@ -19,6 +19,7 @@ from .workers import WorkerProcess, Workers, stub, workers_in
 pytestmark = pytest.mark.slow
 
 OK_SAMPLING = worker_pb2.WorkerSampling(temperature=0.0)
+_COUNTERS = worker_pb2.GetWorkerCountersRequest()
 
 
 @pytest.fixture(scope="module")
@@ -242,6 +243,43 @@ async def test_a_client_that_leaves_frees_its_session(worker: WorkerProcess) -> 
                 break
             await asyncio.sleep(0.02)
         assert counters.live_sessions == 0 and counters.kv_blocks_used == 0
+
+
+async def test_a_client_that_leaves_a_backed_up_stream_frees_its_session(
+    worker: WorkerProcess,
+) -> None:
+    """A client that stops reading and then leaves: the worker is still writing tokens it
+    has not sent (the client's window is full), so grpc cancels it mid-write, not while it
+    waits for a token. The session ends all the same, on a paused worker too (it cannot end
+    by itself there). CI once saw such sessions decode to their end with nobody reading."""
+    slow_reader = [("grpc.http2.lookahead_bytes", 256), ("grpc.http2.bdp_probe", 0)]
+    async with (
+        grpc.aio.insecure_channel(worker.address, options=slow_reader) as ch,
+        worker.channel() as control_ch,
+    ):
+        s, control = stub(ch), stub(control_ch)
+        req = worker_pb2.GenerateRequest(
+            prompt_tokens=[5, 6], max_new_tokens=400, sampling=OK_SAMPLING, session_id="backed-up"
+        )
+        await control.Pause(worker_pb2.WorkerPauseRequest())
+        try:
+            call = s.Generate(req)
+            while (await control.GetCounters(_COUNTERS)).live_sessions < 1:
+                await asyncio.sleep(0.02)
+            state = await control.Resume(worker_pb2.WorkerResumeRequest(steps=120))
+            while (await control.GetInfo(worker_pb2.GetWorkerInfoRequest())).paused is False:
+                await asyncio.sleep(0.02)
+            assert (await call.read()).index == 0  # then nothing more is read
+            call.cancel()
+            for _ in range(200):
+                counters = await control.GetCounters(_COUNTERS)
+                if counters.live_sessions == 0:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await control.Resume(worker_pb2.WorkerResumeRequest())
+    assert counters.live_sessions == 0 and counters.kv_blocks_used == 0, counters
+    assert state.paused is False
 
 
 async def test_health_and_reflection_are_on(worker: WorkerProcess) -> None:

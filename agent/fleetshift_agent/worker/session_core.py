@@ -102,8 +102,12 @@ class SessionServicer(worker_pb2_grpc.WorkerServiceServicer, Generic[S]):
         try:
             async for msg in stream(feed, start, request.tokens_per_message):
                 yield msg
-        except asyncio.CancelledError:
-            if not feed.done:  # the client went away: so does its session
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client went away: so does its session. grpc cancels the task that writes
+            # our messages, so a cancel that lands while a message is being written (a busy
+            # stream: the usual case) never reaches this generator as CancelledError; grpc
+            # leaves it suspended at its ``yield`` and it is closed later (GeneratorExit).
+            if not feed.done:
                 self._client_gone(feed)
             raise
         if feed.closed:
