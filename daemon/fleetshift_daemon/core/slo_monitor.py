@@ -364,8 +364,7 @@ class _Round:
             p_code, d_code = _ROLE_CODE[Role.PREFILL], _ROLE_CODE[Role.DECODE]
             for row in self.rows():
                 q, code = row[_QUEUE], row[_ROLE]
-                full = row[_KV_TOTAL] > 0 and row[_KV_USED] >= fraction * row[_KV_TOTAL]
-                on_decode = code == d_code or (code == p_code and full)
+                on_decode = code == d_code or (code == p_code and _kv_full(row, fraction))
                 decode_side.append(q if on_decode else 0.0)
                 prefill_side.append(0.0 if on_decode else q)
                 prefill.append(q if code == p_code else 0.0)
