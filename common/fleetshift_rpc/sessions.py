@@ -93,19 +93,17 @@ async def follow_session(
         )
         try:
             async with connect(endpoint) as ch:
-                async for message in stub(worker_pb2_grpc.WorkerServiceStub, ch).Generate(
-                    call_request
-                ):
+                call = stub(worker_pb2_grpc.WorkerServiceStub, ch).Generate(call_request)
+                async for msg in each_token(call):
                     first = False
-                    session_id = message.session_id
+                    session_id = msg.session_id
                     lost_since = None
-                    for msg in one_per_token(message):
-                        if msg.index < received:
-                            continue  # replayed by the new worker: already delivered
-                        received = msg.index + 1
-                        yield msg
-                        if msg.finished:
-                            return
+                    if msg.index < received:
+                        continue  # replayed by the new worker: already delivered
+                    received = msg.index + 1
+                    yield msg
+                    if msg.finished:
+                        return
         except grpc.aio.AioRpcError as err:
             opening = first and not request.resume_session_id  # no token of a new session yet
             if (
@@ -139,6 +137,15 @@ def one_per_token(msg: worker_pb2.GenerateResponse) -> Sequence[worker_pb2.Gener
         )
         for i, token in enumerate(tokens)
     ]
+
+
+async def each_token(
+    call: AsyncIterator[worker_pb2.GenerateResponse],
+) -> AsyncIterator[worker_pb2.GenerateResponse]:
+    """A worker's Generate stream as one message per token (it may pack several in one)."""
+    async for message in call:
+        for msg in one_per_token(message):
+            yield msg
 
 
 def _with_tokens_per_message(

@@ -22,7 +22,7 @@ from fleetshift.v1 import placement_pb2, worker_pb2, worker_pb2_grpc
 from fleetshift_gateway.requests import Generation
 from fleetshift_gateway.routes import ROUTE_TIMEOUT_S, Router
 from fleetshift_rpc.route_stream import route_client
-from fleetshift_rpc.sessions import follow_session, one_per_token, routed_session, stub
+from fleetshift_rpc.sessions import each_token, follow_session, routed_session, stub
 
 log = logging.getLogger("fleetshift.gateway")
 
@@ -72,15 +72,6 @@ def generate_request(gen: Generation, session_id: str) -> worker_pb2.GenerateReq
         session_id=session_id,
         tokens_per_message=TOKENS_PER_MESSAGE,
     )
-
-
-async def _each_token(
-    call: AsyncIterator[worker_pb2.GenerateResponse],
-) -> AsyncIterator[worker_pb2.GenerateResponse]:
-    """A worker's stream as one message per token (it may pack several in one)."""
-    async for message in call:
-        for msg in one_per_token(message):
-            yield msg
 
 
 def route_request(gen: Generation) -> placement_pb2.RouteRequest:
@@ -189,7 +180,7 @@ class _Split:
             prefill = stub(worker_pb2_grpc.WorkerServiceStub, ch)
             call = prefill.Generate(first)
             try:
-                async for msg in _each_token(call):
+                async for msg in each_token(call):
                     received = msg.index + 1
                     yield msg
                     if msg.finished:
