@@ -8,16 +8,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-engine-tests-out}
 mkdir -p "$OUT"
-cd "$(dirname "$0")/.."
-ROOT=$PWD
-if [[ -z ${NO_WHEELS:-} ]] && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$ROOT:$ROOT/proto:$ROOT/common:$ROOT/agent:$ROOT/daemon"
-export PYTHONUNBUFFERED=1 FLEETSHIFT_TEST_DEVICE=${FLEETSHIFT_TEST_DEVICE:-cuda}
-PY=${PY:-python3}
+source "$(dirname "$0")/gpu_env.sh"
+export FLEETSHIFT_TEST_DEVICE=${FLEETSHIFT_TEST_DEVICE:-cuda}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
 timeout "${LIMIT_S:-200}" "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
   tests/engine/test_batch_invariance.py tests/engine/test_worker_moves.py \

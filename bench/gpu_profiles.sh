@@ -17,18 +17,8 @@ DEVICE=${DEVICE:-cuda}
 BUDGET_S=${BUDGET_S:-70}     # no new point after this long, per model
 LIMIT_S=${LIMIT_S:-175}      # each model's whole run (write, load, sweep) is killed after this
 WORK=${WORK:-/tmp/gpu-profiles}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/gpu_env.sh"
 mkdir -p "$OUT" "$WORK/profiles"
-cd "$ROOT"
-
-if [[ -z ${NO_WHEELS:-} ]] && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$ROOT/proto:$ROOT/common:$ROOT/agent:$ROOT/daemon"
-export PYTHONUNBUFFERED=1
-PY=${PY:-python3}
 
 {
   date -u +"started %Y-%m-%dT%H:%M:%SZ"
