@@ -103,7 +103,9 @@ async def test_vllm_worker_serves_routes_streams_and_reports(
             # (cancelling the stream of a live session ends it, as with the reference worker;
             # re-attaching needs a session that outlives its client: an imported one)
             exported = None
-            second = stub.Generate(request("carried", SESSIONS[0][1], TOKENS))
+            # Held after 12 too: without it a client slower than vLLM can find the session
+            # ended by its length before the export below (a CI run did).
+            second = stub.Generate(request("carried", SESSIONS[0][1], TOKENS, hold=12))
             async for msg in second:
                 if msg.index == 9:
                     exported = await stub.ExportSession(
