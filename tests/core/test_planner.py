@@ -208,6 +208,27 @@ def test_a_solve_that_runs_out_of_time_before_any_placement_is_tried_again() -> 
         Planner(PerfModel(), never).solve(inp)
 
 
+def test_a_node_limit_bounds_the_search_without_losing_the_placement() -> None:
+    """The simulator's limit (nodes, not seconds): at one node HiGHS still returns the root's
+    placement, and a limit below one is refused naming the field."""
+    from fleetshift_common.errors import InvalidArgument
+
+    inp = planning_input(
+        h100_h200_fleet(),
+        [ModelSpec(llama2_70b(), tp_options=(2, 4, 8))],
+        [ModelDemand(M70, 5.0, 200, 1500)],
+        default_slo=SLO,
+    )
+    one_node = Planner(PerfModel(), PlannerConfig(node_limit=1)).solve(inp)
+    assert one_node.placement.workers
+    assert (
+        one_node.placement == Planner(PerfModel(), PlannerConfig(node_limit=1)).solve(inp).placement
+    )
+    with pytest.raises(InvalidArgument) as refused:
+        PlannerConfig(node_limit=0)
+    assert refused.value.field == "node_limit"
+
+
 def test_worker_capacities_keep_the_slo_they_are_computed_for() -> None:
     planner = Planner(PerfModel())
     slo = SloTarget(ttft_ms=1500, tbt_ms=60)

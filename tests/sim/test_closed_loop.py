@@ -12,6 +12,7 @@ import numpy as np
 
 from fleetshift_daemon.core.burst import BurstConfig
 from fleetshift_daemon.core.perfmodel import Dtype, llama2_70b
+from fleetshift_daemon.core.planner import PlannerConfig
 from fleetshift_daemon.core.slo_monitor import SloMonitorConfig
 from fleetshift_daemon.sim.engine import Role, Simulator
 from fleetshift_daemon.sim.fleet import NodeGroup, SimFleet
@@ -156,3 +157,21 @@ def test_an_owned_fleet_turns_its_roles_within_minutes_of_a_shift_and_keeps_the_
     assert turned and min(turned) <= shift_at + 150.0
     after = trace.arrival_s >= shift_at
     assert outcomes(sim).slo_ok[after].mean() >= 0.99
+
+
+def test_a_replay_decides_the_same_however_slow_the_host_is() -> None:
+    # The daemon's planner stops HiGHS after 1 s of wall clock; a replay that did the same
+    # would decide differently on a loaded host (one crashed that way at load 30). A planner
+    # given no wall-clock time at all must make the simulator decide exactly as it does
+    # unhurried: the simulator bounds the solve by branch-and-bound nodes instead.
+    prompt_heavy = synthetic_trace(600, 5.0, prompt_tokens=3000, output_tokens=40, seed=6)
+    decode_heavy = synthetic_trace(600, 5.0, prompt_tokens=150, output_tokens=700, seed=7)
+    trace = _concat((prompt_heavy, 0.0), (decode_heavy, prompt_heavy.duration_s + 0.2))
+    starved = PlannerConfig(time_limit_s=1e-9, retry_time_limit_s=1e-9)
+    runs = [
+        Simulator(FLEET, trace, FleetShift(keep_all=True, planner_config=config)).run()
+        for config in (None, starved)
+    ]
+    unhurried, hurried = ([(m.time_s, m.instance, m.after) for m in s.moves] for s in runs)
+    assert unhurried and hurried == unhurried
+    assert summarize(runs[1], "fs") == summarize(runs[0], "fs")

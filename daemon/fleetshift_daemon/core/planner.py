@@ -17,8 +17,9 @@ KV hand-off between split pools is not charged: Splitwise measured it at 0.8 % o
 objective is goodput (tokens/s served within SLO) with $/hour as a tie-break (the whole fleet's
 cost weighs ``cost_weight`` of the demand). The MILP searches integers in a box around the LP
 relaxation (+/- ``integer_margin`` per count), stops within ``mip_rel_gap`` of (unserved demand
-+ weighted cost) or at ``time_limit_s`` with its best placement; the LP relaxation's goodput is
-reported beside it as an upper bound, so the quality of every answer is visible.
++ weighted cost) or at ``time_limit_s`` (or ``node_limit``) with its best placement; the LP
+relaxation's goodput is reported beside it as an upper bound, so the quality of every answer
+is visible.
 
 Scale: the MILP is aggregated by GPU kind, so its size depends on models x kinds x TP x dtype
 options, never on the node count; nodes enter only as capacity sums and in the assignment of
@@ -122,6 +123,11 @@ class PlannerConfig:
     # placement" would then read as an impossible fleet (FailedPrecondition naming
     # min_workers) when it is only a slow one.
     retry_time_limit_s: float = 30.0
+    # Branch-and-bound nodes HiGHS may explore (None: no limit). A wall-clock limit makes the
+    # answer depend on how loaded the host is; a node limit does not. The simulator sets one
+    # (and a long wall-clock backstop) so a replay gives the same decisions on a busy host as
+    # on a quiet one; the daemon keeps its 1 s, where an answer in time matters more.
+    node_limit: int | None = None
     # The whole fleet's $/hour is worth this fraction of the demanded goodput in the objective:
     # goodput decides, cost breaks ties between placements within that fraction.
     cost_weight: float = 1e-3
@@ -136,6 +142,8 @@ class PlannerConfig:
         ):
             if not 0 < getattr(self, name) <= 1:
                 raise InvalidArgument(f"{name} must be in (0, 1]", field=name)
+        if self.node_limit is not None and self.node_limit < 1:
+            raise InvalidArgument("node_limit must be >= 1 (or None)", field="node_limit")
 
 
 @dataclass(frozen=True)
@@ -557,13 +565,17 @@ class _Lp:
         if integral:
             integrality[: self.n_o] = 1
 
+        options: dict[str, Any] = {"mip_rel_gap": self.cfg.mip_rel_gap}
+        if self.cfg.node_limit is not None:
+            options["node_limit"] = self.cfg.node_limit
+
         def solve(limit_s: float) -> Any:
             return milp(
                 np.append(c, offset),
                 constraints=cons,
                 integrality=integrality,
                 bounds=Bounds(np.append(lo, 1.0), np.append(hi, 1.0)),
-                options={"mip_rel_gap": self.cfg.mip_rel_gap, "time_limit": limit_s},
+                options={**options, "time_limit": limit_s},
             )
 
         res = solve(self.cfg.time_limit_s)

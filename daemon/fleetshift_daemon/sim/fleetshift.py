@@ -46,6 +46,26 @@ _FROM_RT = {v: k for k, v in _TO_RT.items()}
 _ROUTABLE_PAUSE_S = 5.0  # a pause longer than this (a start, a move) takes it off the router
 
 
+# The simulator's solver limits: a node limit instead of the daemon's 1 s wall clock, so a
+# replay decides the same on a loaded host as on a quiet one. 10,000 nodes is ~50x the most
+# any solve took on the tuning cells (176; most settle at the root); the 120 s backstop only
+# guards a pathological solve (should it ever bind, that run depends on the host again).
+SIM_NODE_LIMIT = 10_000
+SIM_TIME_LIMIT_S = 120.0
+
+
+def simulated_planner_config(sim: Simulator, config: pl.PlannerConfig | None) -> pl.PlannerConfig:
+    """The daemon's planner settings for a simulated fleet: its batch cap, and limits that
+    do not read the wall clock (a run must not depend on how busy the host is)."""
+    return dataclasses.replace(
+        config or pl.PlannerConfig(),
+        max_decode_batch=sim.config.max_batch,
+        node_limit=SIM_NODE_LIMIT,
+        time_limit_s=SIM_TIME_LIMIT_S,
+        retry_time_limit_s=SIM_TIME_LIMIT_S,
+    )
+
+
 class SimClock:
     """The simulated time, as the clock the daemon's components are injected with."""
 
@@ -330,10 +350,7 @@ class FleetShift(RouterPolicy):
         self.traffic = TrafficMonitor(self.clock, TrafficConfig(window_s=self.window_s))
         self.estimator = OutputLengthEstimator()
         self.slo = SloMonitor(self.clock, self.slo_config) if self.closed_loop else None
-        config = self.planner_config or pl.PlannerConfig()
-        planner = pl.Planner(
-            sim.model, dataclasses.replace(config, max_decode_batch=sim.config.max_batch)
-        )
+        planner = pl.Planner(sim.model, simulated_planner_config(sim, self.planner_config))
         gate = plans.Hysteresis(self.clock, self.hysteresis)
         sizer = BurstSizer(self.clock, self.burst_config) if self.closed_loop else None
         self.cycle = PlanningCycle(

@@ -41,6 +41,7 @@ from fleetshift_daemon.sim.fleetshift import (
     current_placement,
     demand_of,
     planning_input_for,
+    simulated_planner_config,
     target_roles,
 )
 from fleetshift_daemon.sim.metrics import billed_dollars, unloaded_times
@@ -153,7 +154,7 @@ def role_count_shapes(sim: Simulator, mix: Mix) -> dict[tuple[Role, ...], str]:
 
 def planner_shapes(sim: Simulator, start: float, end: float) -> dict[tuple[Role, ...], str]:
     shapes: dict[tuple[Role, ...], str] = {}
-    planner = pl.Planner(sim.model, pl.PlannerConfig(max_decode_batch=sim.config.max_batch))
+    planner = pl.Planner(sim.model, simulated_planner_config(sim, None))
     demand = demand_of(sim, start, end)
     if demand.arrival_rate_per_s > 0:
         for keep_all, label in ((False, "planner"), (True, "planner-all")):
