@@ -1,4 +1,5 @@
-"""The measured loop on an owned fleet: a role change only where one phase can spare it.
+"""The measured loop on an owned fleet, or one with nothing left to start: a role change only
+where one phase can spare it.
 
 An owned fleet (every node serves; the planner only picks roles) has no capacity to bring
 back when the SLO is at risk, only workers to move between phases, and each move pauses a
@@ -126,6 +127,42 @@ def test_an_owned_fleet_saturated_in_both_phases_gets_no_role_churn_from_the_loo
         proposed += _role_changes(cycle.run(inp, current))
         clock.advance(30.0)
     assert proposed == [], f"re-roled a fleet short in both phases: {proposed}"
+
+
+def test_a_fleet_with_nothing_left_to_start_gets_no_role_churn_either() -> None:
+    # The same saturation on a fleet that may start and stop workers (no worker floor) but
+    # has every node serving already: the loop has nothing to start, so a role change is
+    # all it could propose, and it trades one shortage for the other just as on an owned
+    # fleet (issue 11 Round 11: 13 moves against 5 on 10x bursts at x4, 3 points of SLO).
+    clock = ManualClock(1000.0)
+    monitor = SloMonitor(clock)
+    cycle = _cycle(clock, monitor)
+    inp = planning_input(
+        NODES,
+        [ModelSpec(llama2_70b(), tp_options=(8,))],
+        [ModelDemand(M70, 20.0, 8000, 300)],
+        default_slo=SloTarget(2000, 100),
+    )
+    current = _split()
+    proposed: list[str] = []
+    for queue, kv in [(4, 100_000), (8, 250_000), (16, 500_000), (32, 800_000)]:
+        _heartbeat(monitor, ttft_p99=9000, prompt_queue=queue, tbt_p99=60, handoffs=0, decode_kv=kv)
+        report = cycle.run(inp, current)
+        assert not [m for m in report.plan.moves if m.kind is MoveKind.START]  # none to start
+        proposed += _role_changes(report)
+        clock.advance(10.0)
+    for handoffs in (4, 8, 16):
+        _heartbeat(
+            monitor,
+            ttft_p99=9000,
+            prompt_queue=64,
+            tbt_p99=300,
+            handoffs=handoffs,
+            decode_kv=995_000,
+        )
+        proposed += _role_changes(cycle.run(inp, current))
+        clock.advance(30.0)
+    assert proposed == [], f"re-roled a full fleet short in both phases: {proposed}"
 
 
 def test_an_owned_fleet_short_of_decode_only_gets_its_role_change_at_once() -> None:

@@ -455,8 +455,12 @@ class PlanningCycle:
         traded one shortage for the other at each pass (issue 11: 16-23 moves on Mooncake at
         x4, half the goodput of none), so its roles are left to the gated path, which weighs
         a re-role's gain against its cost. A fleet that can start workers keeps the role
-        changes of its capacity plan: the rule cost its cost-mode runs up to 3 points of SLO
-        on the tuning rows (and with the loan cap too, issue 11 Round 10)."""
+        changes of a capacity plan that also starts workers for the short phase: filtering
+        those cost its cost-mode runs up to 3 points of SLO on the tuning rows (issue 11
+        Rounds 9-10). A plan with no such start (every node already serving, on a fleet near
+        or past its size) is the owned fleet's case, and its role changes pass the same
+        filter (Round 11: on the tuning rows 16 -> 17 cells within a point of least-loaded,
+        on-off bursts at x4 13 -> 5 moves and +3.3 points)."""
         if not risky:
             return _only(plan, lambda m: m.kind is MoveKind.START)
         demand = dict(inp.demand)
@@ -495,6 +499,11 @@ class PlanningCycle:
         capacity = build_plan(self._planner, self._perf, boosted, current, more, self._costs)
         starts = replace(capacity, moves=tuple(_kept_source(m) for m in capacity.moves))
         adding = _only(starts, lambda m: _adds(m, short))
+        if not any(m.kind is MoveKind.START for m in adding.moves):
+            # Nothing to start for the short phase: a fleet that could start workers is then
+            # where an owned one always is, and its role changes pass the same filter.
+            for name, a in risky.items():
+                spare.setdefault(name, self._unlent(inp, name, _spare_counts(a)))
         return replace(adding, moves=_within_spare(adding.moves, short, spare))
 
     def _unlent(self, inp: PlanningInput, name: str, spare: dict[Phase, int]) -> dict[Phase, int]:
