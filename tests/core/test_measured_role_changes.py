@@ -100,20 +100,21 @@ def _role_changes(report: CycleReport) -> list[str]:
     return [m.reason for m in _loop_role_changes(report)]
 
 
-def test_an_owned_fleet_saturated_in_both_phases_gets_no_role_churn_from_the_loop() -> None:
-    # Long prompts at twice what the fleet can carry: prompts queue and miss their TTFT
-    # while the decode pool fills behind them (its TBT still fine for a while), then hand-offs
-    # wait for its memory with the prompts still missing. Moving a decode worker to prefill
-    # would feed the filling pool faster; moving it back trades the shortage again.
+def _saturated_loop_moves(inp: PlanningInput) -> list[Move]:
+    """The loop's role changes over a saturation of both phases: long prompts at twice what
+    the fleet can carry queue and miss their TTFT while the decode pool fills behind them
+    (its TBT still fine for a while), then hand-offs wait for its memory with the prompts
+    still missing. Moving a decode worker to prefill would feed the filling pool faster;
+    moving it back trades the shortage again."""
     clock = ManualClock(1000.0)
     monitor = SloMonitor(clock)
     cycle = _cycle(clock, monitor)
-    inp, current = _owned(20.0, 8000, 300), _split()
-    proposed: list[str] = []
+    current = _split()
+    moves: list[Move] = []
     filling = [(4, 100_000), (8, 250_000), (16, 500_000), (32, 800_000)]
     for queue, kv in filling:  # prefill short, decode filling: no margin to give
         _heartbeat(monitor, ttft_p99=9000, prompt_queue=queue, tbt_p99=60, handoffs=0, decode_kv=kv)
-        proposed += _role_changes(cycle.run(inp, current))
+        moves += _loop_role_changes(cycle.run(inp, current))
         clock.advance(10.0)
     for handoffs in (4, 8, 16):  # now decode short too, prompts still missing
         _heartbeat(
@@ -124,8 +125,13 @@ def test_an_owned_fleet_saturated_in_both_phases_gets_no_role_churn_from_the_loo
             handoffs=handoffs,
             decode_kv=995_000,
         )
-        proposed += _role_changes(cycle.run(inp, current))
+        moves += _loop_role_changes(cycle.run(inp, current))
         clock.advance(30.0)
+    return moves
+
+
+def test_an_owned_fleet_saturated_in_both_phases_gets_no_role_churn_from_the_loop() -> None:
+    proposed = [m.reason for m in _saturated_loop_moves(_owned(20.0, 8000, 300))]
     assert proposed == [], f"re-roled a fleet short in both phases: {proposed}"
 
 
@@ -133,35 +139,15 @@ def test_a_fleet_with_nothing_left_to_start_gets_no_role_churn_either() -> None:
     # The same saturation on a fleet that may start and stop workers (no worker floor) but
     # has every node serving already: the loop has nothing to start, so a role change is
     # all it could propose, and it trades one shortage for the other just as on an owned
-    # fleet (issue 11 Round 11: 13 moves against 5 on 10x bursts at x4, 3 points of SLO).
-    clock = ManualClock(1000.0)
-    monitor = SloMonitor(clock)
-    cycle = _cycle(clock, monitor)
-    inp = planning_input(
+    # fleet (issue 11 Round 11b: 13 role changes in 190 s on 10x bursts at x4).
+    full = planning_input(
         NODES,
         [ModelSpec(llama2_70b(), tp_options=(8,))],
         [ModelDemand(M70, 20.0, 8000, 300)],
         default_slo=SloTarget(2000, 100),
     )
-    current = _split()
-    proposed: list[str] = []
-    for queue, kv in [(4, 100_000), (8, 250_000), (16, 500_000), (32, 800_000)]:
-        _heartbeat(monitor, ttft_p99=9000, prompt_queue=queue, tbt_p99=60, handoffs=0, decode_kv=kv)
-        report = cycle.run(inp, current)
-        assert not [m for m in report.plan.moves if m.kind is MoveKind.START]  # none to start
-        proposed += _role_changes(report)
-        clock.advance(10.0)
-    for handoffs in (4, 8, 16):
-        _heartbeat(
-            monitor,
-            ttft_p99=9000,
-            prompt_queue=64,
-            tbt_p99=300,
-            handoffs=handoffs,
-            decode_kv=995_000,
-        )
-        proposed += _role_changes(cycle.run(inp, current))
-        clock.advance(30.0)
+    assert len(_split().workers) == len(NODES)  # every node already serves: none to start
+    proposed = [m.reason for m in _saturated_loop_moves(full)]
     assert proposed == [], f"re-roled a full fleet short in both phases: {proposed}"
 
 
