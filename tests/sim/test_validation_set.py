@@ -9,7 +9,12 @@ import pytest
 
 from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.sim.trace import load_trace
-from fleetshift_daemon.sim.validation import TRACE_NAMES, TUNING_END_S, validation_traces
+from fleetshift_daemon.sim.validation import (
+    TRACE_NAMES,
+    TUNING_END_S,
+    TUNING_PROCESS_NAMES,
+    validation_traces,
+)
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
 AZURE = SHARED / "azure_llm_2023_conv.csv"
@@ -43,6 +48,16 @@ def test_only_the_first_thirty_minutes_of_each_trace_are_tuning_data() -> None:
     assert traces["azure-30-58"].over_window == int(
         (late.prompt_tokens + late.output_tokens > 4096).sum()
     )
+
+
+def test_the_tuning_analogs_of_the_synthetic_processes_use_only_tuning_requests() -> None:
+    tune = validation_traces(AZURE, MOONCAKE, ("azure-0-30",))[0].trace
+    for v in validation_traces(AZURE, MOONCAKE, TUNING_PROCESS_NAMES):
+        assert v.tuning, v.name
+        assert np.array_equal(v.trace.prompt_tokens, tune.prompt_tokens), v.name
+        assert not np.array_equal(v.trace.arrival_s, tune.arrival_s), v.name
+    with pytest.raises(InvalidArgument, match="unknown validation trace 'ramp-30-60'"):
+        validation_traces(AZURE, MOONCAKE, ("ramp-30-60",))
 
 
 def test_shifts_switch_service_at_half_and_time_compression_moves_the_switch() -> None:
