@@ -74,7 +74,14 @@ def assert_the_demo_showed_the_loop(text: str, state_dir: Path) -> None:
     assert "MOVE " in text and ": done" in text, text
     assert "tokens lost or repeated in served streams: 0 (checked)" in text, text
     steps = next(line for line in text.splitlines() if line.startswith("steps run:"))
-    assert int(steps.rsplit("sessions moved:", 1)[1]) >= 1, steps  # a move carried live streams
+    assert "warm move" in steps or "cold move" in steps, steps  # a worker was relocated
+    if int(steps.rsplit("sessions moved:", 1)[1]) == 0:
+        # Carrying a session is the likely outcome, not a certain one (README): the router
+        # places every stream, and on a quiet machine the tiny model's streams end in about
+        # a second (a CI rehearsal saw both operator moves find none open at their copy).
+        # A run that carried none must say so and why; carried sessions themselves are
+        # checked token for token by tests/e2e/test_moves.py and tests/gateway.
+        assert "no stream was open on a moved worker when its target had started" in text, text
     served = next(line for line in text.splitlines() if line.startswith("requests served:"))
     done, of = served.split(":")[1].split("(")[0].split(" of ")
     assert int(done) == int(of) > 0, served
