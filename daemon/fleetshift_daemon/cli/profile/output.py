@@ -64,7 +64,11 @@ def write_csv(path: Path, label: ProfileLabel, timings: Sequence[Timing]) -> Non
                 else ()
             )
             if shared and t.worker_cpu_s is not None:
-                host += (f"{t.worker_cpu_s / t.e2e_s:.4f}",)
+                # The kernel counts a process's CPU time in clock ticks (10 ms here): a run
+                # shorter than one can read none. That share is unknown, not zero (a zero
+                # would read as a worker that computed nothing, and calibration refuses it).
+                share = t.worker_cpu_s / t.e2e_s
+                host += (f"{share:.4f}" if share > 0 else "",)
             out.writerow(
                 (
                     label.model,
