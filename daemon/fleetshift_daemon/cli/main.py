@@ -470,19 +470,43 @@ def main(argv: list[str] | None = None) -> int:
 
         return gateway(argv[1:])
     args = _parser().parse_args(argv)
-    try:
-        return int(args.run(args))
-    except grpc.RpcError as err:
-        leader = leader_hint(err)
-        if not leader or leader == args.daemon:
-            return _failed(args, err)
-    # A follower under TLS names the leader instead of forwarding (docs/replicas.md).
-    console.print(f"[yellow]the leader is at {leader}[/]: sending the command there")
-    args.daemon = leader
-    try:
-        return int(args.run(args))
-    except grpc.RpcError as err:
-        return _failed(args, err)
+    replicas = args.daemon
+    for attempt in range(STALE_LEADER_RETRIES + 1):
+        try:
+            return int(args.run(args))
+        except grpc.RpcError as err:
+            leader = leader_hint(err)
+            if not leader or leader == args.daemon:
+                return _failed(args, err)
+        # A follower under TLS names the leader instead of forwarding (docs/replicas.md).
+        console.print(f"[yellow]the leader is at {leader}[/]: sending the command there")
+        args.daemon = leader
+        try:
+            return int(args.run(args))
+        except grpc.RpcError as err:
+            if attempt == STALE_LEADER_RETRIES or not _never_reached(err):
+                return _failed(args, err)
+        # Just after a takeover a follower can still name the leader that died (its view of
+        # the lease lags the database by up to a refresh): ask the replicas again shortly.
+        console.print(f"[yellow]no daemon answers at {leader}[/]: asking the replicas again")
+        args.daemon = replicas
+        time.sleep(STALE_LEADER_WAIT_S)
+    return 1  # not reached: the last attempt returns above
+
+
+# A follower's leader hint that names a dead daemon is asked again this often, this long apart:
+# a few of its view's refreshes, well inside a lease.
+STALE_LEADER_RETRIES = 5
+STALE_LEADER_WAIT_S = 1.0
+
+
+def _never_reached(err: grpc.RpcError) -> bool:
+    """UNAVAILABLE because no connection was made: the command never reached a daemon, so
+    sending it again cannot apply it twice."""
+    details = (err.details() or "").lower()
+    return err.code() == grpc.StatusCode.UNAVAILABLE and (
+        "failed to connect" in details or "connection refused" in details
+    )
 
 
 def _failed(args: argparse.Namespace, err: grpc.RpcError) -> int:
