@@ -465,12 +465,6 @@ class PlanningCycle:
             return _only(plan, lambda m: m.kind is MoveKind.START)
         demand = dict(inp.demand)
         short: set[Phase] = set()
-        owned = _floor_bound(inp, current)
-        spare = {
-            name: self._unlent(inp, name, _spare_counts(a))
-            for name, a in risky.items()
-            if name in owned
-        }
         # The model already thought the placement enough (it may carry many times the demand
         # on paper), so the short phase is sized from what the placement carries, not from
         # the demand alone.
@@ -499,11 +493,18 @@ class PlanningCycle:
         capacity = build_plan(self._planner, self._perf, boosted, current, more, self._costs)
         starts = replace(capacity, moves=tuple(_kept_source(m) for m in capacity.moves))
         adding = _only(starts, lambda m: _adds(m, short))
-        if not any(m.kind is MoveKind.START for m in adding.moves):
-            # Nothing to start for the short phase: a fleet that could start workers is then
-            # where an owned one always is, and its role changes pass the same filter.
-            for name, a in risky.items():
-                spare.setdefault(name, self._unlent(inp, name, _spare_counts(a)))
+        # An owned fleet's role changes pass the filter; so do those of a fleet that could
+        # start workers but has nothing to start for the short phase, where an owned one is.
+        filtered = (
+            _floor_bound(inp, current)
+            if any(m.kind is MoveKind.START for m in adding.moves)
+            else set(risky)
+        )
+        spare = {
+            name: self._unlent(inp, name, _spare_counts(a))
+            for name, a in risky.items()
+            if name in filtered
+        }
         return replace(adding, moves=_within_spare(adding.moves, short, spare))
 
     def _unlent(self, inp: PlanningInput, name: str, spare: dict[Phase, int]) -> dict[Phase, int]:
