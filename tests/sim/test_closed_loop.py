@@ -164,8 +164,10 @@ def test_a_replay_decides_the_same_however_slow_the_host_is() -> None:
     # would decide differently on a loaded host (one crashed that way at load 30). A planner
     # given no wall-clock time at all must make the simulator decide exactly as it does
     # unhurried: the simulator bounds the solve by branch-and-bound nodes instead.
-    prompt_heavy = synthetic_trace(600, 5.0, prompt_tokens=3000, output_tokens=40, seed=6)
-    decode_heavy = synthetic_trace(600, 5.0, prompt_tokens=150, output_tokens=700, seed=7)
+    # 240 s of each mix: long enough that the planner changes roles (with 120 s of each it
+    # made no move at mixed_efficiency 0.925, which would leave nothing to compare).
+    prompt_heavy = synthetic_trace(1200, 5.0, prompt_tokens=3000, output_tokens=40, seed=6)
+    decode_heavy = synthetic_trace(1200, 5.0, prompt_tokens=150, output_tokens=700, seed=7)
     trace = _concat((prompt_heavy, 0.0), (decode_heavy, prompt_heavy.duration_s + 0.2))
     starved = PlannerConfig(time_limit_s=1e-9, retry_time_limit_s=1e-9)
     runs = [

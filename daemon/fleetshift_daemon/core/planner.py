@@ -111,7 +111,12 @@ class PlannerConfig:
     # headroom"): at 0.8 and a decode step at the full TBT SLO the planner sized fleets that
     # met its own model and missed the SLO by queueing and prefill stalls the model leaves out.
     utilisation: float = 0.5  # capacities are derated to this, leaving queueing headroom
-    mixed_efficiency: float = 0.85
+    # A mixed worker's share of a dedicated one's capacity. 0.925 since Round 12b
+    # (docs/bench-sim.md): chosen on issue 11's tuning cells only, among 0.85 (the old value,
+    # never measured), 0.9, 0.925, 0.95 and 1.0, by a rule written before those runs. Lower,
+    # the planner buys phase splits that lose to colocation under bursts and overload; higher,
+    # it stops splitting where a split is what serves a shifted mix.
+    mixed_efficiency: float = 0.925
     prefill_budget_fraction: float = 0.5  # of the TTFT SLO one prefill pass may take
     decode_slack_fraction: float = 0.2  # of the slack between an unloaded step and TBT SLO
     max_decode_batch: int = 256

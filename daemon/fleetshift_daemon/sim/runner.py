@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.core.perfmodel import Deployment, PerfModel
+from fleetshift_daemon.core.planner import PlannerConfig
 from fleetshift_daemon.sim.engine import Policy, SimConfig, Simulator
 from fleetshift_daemon.sim.fleet import SimFleet
 from fleetshift_daemon.sim.fleetshift import FleetShift
@@ -26,6 +27,9 @@ class RunOptions:
     tick_s: float = 60.0
     oracle_window_s: float = ORACLE_WINDOW_S
     config: SimConfig = field(default_factory=SimConfig)
+    # The FleetShift policies' planner settings (None: the daemon's defaults). Lets a bench
+    # replay a default's old value beside the new one from the same tree.
+    planner: PlannerConfig | None = None
 
 
 @dataclass
@@ -40,8 +44,12 @@ def make_policy(name: str, opts: RunOptions) -> Policy:
         "rr": RoundRobin,
         "ll": LeastLoaded,
         "split": StaticSplit,
-        "fleetshift": lambda: FleetShift(tick_s=opts.tick_s, seed=opts.seed),
-        "fleetshift-all": lambda: FleetShift(tick_s=opts.tick_s, seed=opts.seed, keep_all=True),
+        "fleetshift": lambda: FleetShift(
+            tick_s=opts.tick_s, seed=opts.seed, planner_config=opts.planner
+        ),
+        "fleetshift-all": lambda: FleetShift(
+            tick_s=opts.tick_s, seed=opts.seed, keep_all=True, planner_config=opts.planner
+        ),
         "oracle": lambda: OraclePolicy(seed=opts.seed),
     }
     if name not in factories:
