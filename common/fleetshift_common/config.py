@@ -280,6 +280,9 @@ class DaemonConfig(ProcessKeys):
     heartbeat_interval_s: float = 2.0
     node_lost_after_s: float = 10.0
     liveness_check_interval_s: float = 1.0
+    # A stopped or failed worker's record is deleted this long after it ended (the sweep):
+    # long enough to inspect it, short enough that moves do not grow the registry forever.
+    ended_worker_retention_s: float = 3600.0
     models: tuple[ModelConfig, ...] = ()
     planner: PlannerSettings = PlannerSettings()
     gpu_prices: tuple[GpuPrice, ...] = ()
@@ -289,7 +292,12 @@ class DaemonConfig(ProcessKeys):
 
     def __post_init__(self) -> None:
         _check_address("listen", self.listen)
-        for name in ("heartbeat_interval_s", "node_lost_after_s", "liveness_check_interval_s"):
+        for name in (
+            "heartbeat_interval_s",
+            "node_lost_after_s",
+            "liveness_check_interval_s",
+            "ended_worker_retention_s",
+        ):
             _check_positive(name, getattr(self, name))
         if self.node_lost_after_s <= self.heartbeat_interval_s:
             raise ConfigError(

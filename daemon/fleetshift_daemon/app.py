@@ -156,6 +156,7 @@ class Daemon:
             SloMonitorConfig(round_s=cfg.heartbeat_interval_s),
         )
         self.workers.on_change(self.placement.fleet_changed)
+        self.workers.on_forget(self.placement.forget_worker)
         if self.replica_loop is not None:  # before serving: every Route call is published
             self.placement.traffic.keep_own_arrivals()
         self.calibrations = await asyncio.to_thread(self._load_calibrations)
@@ -428,6 +429,7 @@ class Daemon:
             return
         for name in turned:
             log.warning("node lost: no heartbeat within the timeout", extra={"node": name})
+        await self._prune_ended_workers()
         if turned:
             self.metrics.node_lost(len(turned))
         # The fleet gauges walk every GPU of the fleet on the event loop: at most once a
@@ -436,6 +438,21 @@ class Daemon:
         if turned or now - self._fleet_metrics_at >= FLEET_METRICS_EVERY_S:
             self._fleet_metrics_at = now
             self._publish_fleet_metrics()
+
+    async def _prune_ended_workers(self) -> None:
+        assert self.workers is not None
+        try:
+            pruned = await in_thread(self.workers.prune_ended, self.config.ended_worker_retention_s)
+        except Exception:
+            log.exception("pruning ended workers failed; retrying at the next sweep")
+            return
+        if pruned:
+            log.info(
+                "deleted %d ended worker record(s) older than %.0f s: %s",
+                len(pruned),
+                self.config.ended_worker_retention_s,
+                ", ".join(pruned),
+            )
 
     def _publish_fleet_metrics(self) -> None:
         assert self.registry is not None

@@ -237,6 +237,12 @@ class PlacementService:
             return None
         return self._catalogue.get(kinds.most_common(1)[0][0])
 
+    def forget_worker(self, worker_id: str) -> None:
+        """A worker's record left the registry: its last counters and latency samples go too
+        (``WorkerTable.on_forget``)."""
+        self.traffic.forget_worker(worker_id)
+        self.slo_monitor.forget_worker(worker_id)
+
     def fleet_changed(self) -> None:
         """A worker or node changed: the index is rebuilt before the next call that reads it.
 

@@ -123,6 +123,11 @@ class WorkerTable:
         # Workers this process adopted from a report: their created_at is when we first saw
         # them, not when they started, so their counters may hold hours of history.
         self._adopted: set[str] = set()
+        # Ended (stopped or failed) workers -> when this process first saw them ended, for
+        # prune_ended; and who hears of workers leaving the table (the monitors' per-worker
+        # state goes with them).
+        self._ended_at: dict[str, float] = {}
+        self._forget: list[Callable[[str], None]] = []
 
     def load(self) -> None:
         stored = self._store.load_workers()
@@ -139,11 +144,34 @@ class WorkerTable:
         for worker in workers:
             table[worker.id] = worker
             by_node.setdefault(worker.node, set()).add(worker.id)
+            self._note_ended(worker)
+        gone = [worker_id for worker_id in self._workers if worker_id not in table]
         self._workers, self._by_node = table, by_node
+        self._forget_all(gone)
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Called after every change of the table (the router rebuilds its index from it)."""
         self._listeners.append(listener)
+
+    def on_forget(self, listener: Callable[[str], None]) -> None:
+        """Called with a worker's id once its record left the table (pruned here, or gone
+        from the store at a follower's refresh): per-worker state kept elsewhere (the
+        traffic and SLO monitors' last counters and samples) must go with it, or it grows
+        with every worker the fleet ever ran."""
+        self._forget.append(listener)
+
+    def _forget_all(self, worker_ids: Iterable[str]) -> None:
+        for worker_id in worker_ids:
+            self._ended_at.pop(worker_id, None)
+            self._adopted.discard(worker_id)
+            for listener in self._forget:
+                listener(worker_id)
+
+    def _note_ended(self, worker: WorkerRecord) -> None:
+        if worker.state.alive:
+            self._ended_at.pop(worker.id, None)
+        else:
+            self._ended_at.setdefault(worker.id, self._clock())
 
     def _changed(self) -> None:
         for listener in self._listeners:
@@ -157,6 +185,7 @@ class WorkerTable:
             self._remember_ended(worker.id, set(old.sessions).difference(worker.sessions))
         self._workers[worker.id] = worker
         self._by_node.setdefault(worker.node, set()).add(worker.id)
+        self._note_ended(worker)
 
     def get(self, worker_id: str) -> WorkerRecord:
         check_worker_id(worker_id)
@@ -203,10 +232,42 @@ class WorkerTable:
     def remove(self, worker_id: str) -> None:
         with self._lock:
             self._store.delete_worker(worker_id)
-            gone = self._workers.pop(worker_id, None)
-            if gone is not None:
-                self._by_node.get(gone.node, set()).discard(worker_id)
+            self._drop(worker_id)
         self._changed()
+
+    def _drop(self, worker_id: str) -> None:
+        gone = self._workers.pop(worker_id, None)
+        if gone is not None:
+            self._by_node.get(gone.node, set()).discard(worker_id)
+        self._forget_all((worker_id,))
+
+    def prune_ended(self, retention_s: float) -> list[str]:
+        """Delete the records of workers that ended (stopped or failed) at least
+        ``retention_s`` ago, and return their ids.
+
+        Every move and retirement leaves its source behind as a STOPPED record; kept forever,
+        they would make every heartbeat's reconcile, Route's index rebuild and a follower's
+        refresh walk the whole history of the fleet, and the monitors keep state per worker
+        id. An ended worker stays long enough for an operator to look at it and for a client
+        whose session ended there to be told so; one an operation still owns is never
+        pruned. The time it ended is the time this process saw it ended: after a restart the
+        retention counts again from the load, so nothing is pruned early."""
+        now = self._clock()
+        with self._lock:
+            due = [
+                worker_id
+                for worker_id, ended_at in self._ended_at.items()
+                if now - ended_at >= retention_s
+                and (worker := self._workers.get(worker_id)) is not None
+                and not worker.state.alive
+                and not worker.operation_id
+            ]
+            for worker_id in due:
+                self._store.delete_worker(worker_id)
+                self._drop(worker_id)
+        if due:
+            self._changed()
+        return due
 
     def gpus_in_use(self, node: str) -> set[int]:
         with self._lock:
