@@ -36,8 +36,8 @@ from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.work_store import SqlWorkerStore
 
 from .clock import ManualClock
+from .test_registry_api import registration
 
-GiB = 1024**3
 NODE = "h100-1"
 RETENTION_S = 600.0
 
@@ -53,19 +53,6 @@ def worker(worker_id: str, first_gpu: int) -> fpb.WorkerStatus:
         endpoint=f"127.0.0.1:{9001 + first_gpu}",
         state=fpb.WORKER_STATE_SERVING,
         counters=fpb.WorkerCounters(worker_id=worker_id, kv_blocks_total=100_000),
-    )
-
-
-def registration() -> fpb.RegisterNodeRequest:
-    gpus = [
-        fpb.Gpu(index=i, product_name="NVIDIA H100 80GB HBM3", memory_bytes=80 * GiB)
-        for i in range(8)
-    ]
-    return fpb.RegisterNodeRequest(
-        node_name=NODE,
-        agent_address="127.0.0.1:1",
-        gpus=gpus,
-        inventory_source=fpb.INVENTORY_SOURCE_DECLARED,
     )
 
 
@@ -113,7 +100,7 @@ async def test_a_vanished_worker_is_listed_until_the_retention_then_deleted(
 ) -> None:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.port}") as ch:
         agents = fpb_grpc.AgentRegistryStub(ch)
-        await agents.RegisterNode(registration())
+        await agents.RegisterNode(registration(NODE, gpus=8))
         both = [worker("w1", 0), worker("w2", 4)]
         await agents.Heartbeat(fpb.HeartbeatRequest(node_name=NODE, workers=both))
         # w1 is gone from the agent's report: the daemon marks it failed and keeps it listed
