@@ -37,7 +37,9 @@ from tests.observability.promql import (
 )
 
 pytestmark = pytest.mark.slow
-TOKENS = 300
+# Long enough to still stream when the warm move copies its sessions, as the other e2e move
+# tests' 700: with 300, a CI rehearsal at load ~4 saw every stream end before the copy.
+TOKENS = 700
 SOURCE, TARGET = "h100-a", "h100-b"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 SUFFIXES = {
