@@ -283,6 +283,9 @@ class DaemonConfig(ProcessKeys):
     # A stopped or failed worker's record is deleted this long after it ended (the sweep):
     # long enough to inspect it, short enough that moves do not grow the registry forever.
     ended_worker_retention_s: float = 3600.0
+    # Finished operations (the audit record; an idempotency key is honoured this long) and
+    # efficiency samples are deleted this long after they finished or were taken.
+    history_retention_s: float = 7 * 86400.0
     models: tuple[ModelConfig, ...] = ()
     planner: PlannerSettings = PlannerSettings()
     gpu_prices: tuple[GpuPrice, ...] = ()
@@ -297,6 +300,7 @@ class DaemonConfig(ProcessKeys):
             "node_lost_after_s",
             "liveness_check_interval_s",
             "ended_worker_retention_s",
+            "history_retention_s",
         ):
             _check_positive(name, getattr(self, name))
         if self.node_lost_after_s <= self.heartbeat_interval_s:

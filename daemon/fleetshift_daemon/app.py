@@ -81,6 +81,7 @@ log = logging.getLogger("fleetshift.daemon")
 
 FLEET_METRICS_EVERY_S = 1.0
 FULL_READ_EVERY_S = 10.0  # a follower re-reads everything this often even when the mark holds
+HISTORY_PRUNE_EVERY_S = 60.0  # finished operations and efficiency samples: a DELETE a minute
 
 
 @dataclass
@@ -101,6 +102,7 @@ class Daemon:
     placement: PlacementService | None = None
     calibrations: Calibrations | None = None
     operations: OperationLog | None = None
+    efficiency_history: SqlEfficiencyStore | None = None
     moves: MovePlanner | None = None
     executor: Executor | None = None
     submission: Submission | None = None
@@ -114,6 +116,7 @@ class Daemon:
     _scheduler: AsyncIOScheduler | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)  # named background jobs
     _fleet_metrics_at: float = -math.inf  # when the fleet gauges were last published
+    _history_pruned_at: float = -math.inf  # by ``clock``, as the retention is
     _view_mark: tuple[str, ...] | None = None  # a follower's last read of the database...
     _view_read_at: float = -math.inf  # ...and when (monotonic)
 
@@ -140,13 +143,14 @@ class Daemon:
         await asyncio.to_thread(self.registry.load)
         self.workers = WorkerTable(SqlWorkerStore(self.engine, fence), self.clock)
         await asyncio.to_thread(self.workers.load)
+        self.efficiency_history = SqlEfficiencyStore(self.engine, fence)
         self.placement = PlacementService(
             self.registry,
             self.workers,
             self.catalogue,
             self.models,
             self.clock,
-            SqlEfficiencyStore(self.engine, fence),
+            self.efficiency_history,
             PlanningSettings(
                 cfg.planner.threshold,
                 cfg.planner.hold_s,
@@ -430,6 +434,8 @@ class Daemon:
         for name in turned:
             log.warning("node lost: no heartbeat within the timeout", extra={"node": name})
         await self._prune_ended_workers()
+        if not 0.0 <= self.clock() - self._history_pruned_at < HISTORY_PRUNE_EVERY_S:
+            await self._prune_history()
         if turned:
             self.metrics.node_lost(len(turned))
         # The fleet gauges walk every GPU of the fleet on the event loop: at most once a
@@ -452,6 +458,28 @@ class Daemon:
                 len(pruned),
                 self.config.ended_worker_retention_s,
                 ", ".join(pruned),
+            )
+
+    async def _prune_history(self) -> None:
+        """Finished operations and efficiency samples past ``history_retention_s``: the two
+        records every planning pass can add to, kept for audit, not forever."""
+        assert self.operations is not None and self.efficiency_history is not None
+        self._history_pruned_at = self.clock()
+        retention_s = self.config.history_retention_s
+        try:
+            ops = await in_thread(self.operations.prune_finished, retention_s)
+            samples = await in_thread(
+                self.efficiency_history.prune_before, self.clock() - retention_s
+            )
+        except Exception:
+            log.exception("pruning the history failed; retrying at the next sweep")
+            return
+        if ops or samples:
+            log.info(
+                "deleted %d finished operation(s) and %d efficiency sample(s) older than %.0f s",
+                len(ops),
+                samples,
+                retention_s,
             )
 
     def _publish_fleet_metrics(self) -> None:

@@ -15,7 +15,7 @@ import hashlib
 import json
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -143,9 +143,15 @@ class OperationStore(Protocol):
 
     def save_operation(self, op: Operation) -> None: ...
 
+    def delete_operations(self, op_ids: Sequence[str]) -> None: ...
+
 
 def request_digest(request: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# Ids per DELETE: well under SQLite's bound on a statement's parameters (32,766).
+PRUNE_BATCH = 500
 
 
 class OperationNotFound(NotFound):
@@ -180,6 +186,7 @@ class OperationLog:
                 self._ops[op.id] = op
                 if op.idempotency_key:
                     self._by_key[op.idempotency_key] = op.id
+            self._drop(set(self._ops) - {op.id for op in stored})  # pruned by the leader
         for op in changed:
             for listener in self._listeners:
                 listener(op)
@@ -286,6 +293,32 @@ class OperationLog:
                     f"operation {op_id} already finished ({op.state.value})", field="operation_id"
                 )
             return self.update(op_id, cancel_requested=True)
+
+    def prune_finished(self, retention_s: float) -> Sequence[str]:
+        """Delete the operations that finished more than ``retention_s`` ago; return their ids.
+
+        Every planning pass that acts and every operator request leaves an operation behind;
+        kept forever, the table, this process's copy of it and a follower's full re-read grow
+        with the fleet's whole history. A finished operation is never touched again, so its
+        ``updated_at`` (written by the clock of the leader that finished it, and kept in the
+        database) is when it finished: unlike a worker's end, a restart does not reset it.
+        Its idempotency key is honoured until then: the same key after the retention starts a
+        new operation."""
+        cutoff = self._clock() - retention_s
+        with self._lock:
+            due = sorted(
+                op.id for op in self._ops.values() if op.state.finished and op.updated_at < cutoff
+            )
+            for first in range(0, len(due), PRUNE_BATCH):
+                self._store.delete_operations(due[first : first + PRUNE_BATCH])
+            self._drop(set(due))
+        return due
+
+    def _drop(self, op_ids: set[str]) -> None:
+        for op_id in op_ids:
+            op = self._ops.pop(op_id)
+            if op.idempotency_key and self._by_key.get(op.idempotency_key) == op_id:
+                del self._by_key[op.idempotency_key]
 
     def _save(self, op: Operation) -> None:
         self._store.save_operation(op)

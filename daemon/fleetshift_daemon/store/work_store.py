@@ -104,6 +104,11 @@ class SqlOperationStore:
             row.updated_at = _to_dt(op.updated_at)  # type: ignore[assignment]
             session.merge(row)
 
+    def delete_operations(self, op_ids: Sequence[str]) -> None:
+        with self._sessions.begin() as session:
+            check_fence(session, self._fence)
+            session.execute(delete(OperationRow).where(OperationRow.id.in_(list(op_ids))))
+
 
 def _operation(row: OperationRow) -> Operation:
     return Operation(
@@ -140,6 +145,17 @@ class SqlEfficiencyStore:
                     plan_proposed=sample.plan_proposed,
                 )
             )
+
+    def prune_before(self, cutoff: float) -> int:
+        """Delete the samples taken before ``cutoff`` (seconds since the epoch); return how
+        many. One a planning pass (every 30 s by default): a year of them is a million rows
+        that nothing reads, since the API shows the most recent ones."""
+        with self._sessions.begin() as session:
+            check_fence(session, self._fence)
+            result = session.execute(
+                delete(EfficiencySampleRow).where(EfficiencySampleRow.taken_at < _to_dt(cutoff))
+            )
+            return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
     def recent(self, limit: int = 100) -> Sequence[EfficiencySample]:
         with self._sessions() as session:
