@@ -181,13 +181,15 @@ async def wait_serving(address: str) -> None:
     async with grpc.aio.insecure_channel(address) as ch:
         route = pb_grpc.PlacementStub(ch).Route
         request = pb.RouteRequest(model="llama-70b", prompt_tokens=500, expected_output_tokens=200)
+        last = "none"
         for _ in range(2400):
             try:
                 await route(request, timeout=1)
                 return
-            except grpc.aio.AioRpcError:
+            except grpc.aio.AioRpcError as err:
+                last = f"{err.code().name}: {err.details()}"
                 await asyncio.sleep(0.05)
-    raise TimeoutError(f"{address} never served Route")
+    raise TimeoutError(f"{address} never served Route (last answer {last})")
 
 
 async def baseline_round(tmp: Path, nodes: int) -> dict[str, float]:
@@ -218,13 +220,17 @@ async def baseline_round(tmp: Path, nodes: int) -> dict[str, float]:
         proc.wait()
 
 
-async def wait_serving_after_start(address: str, agents: Agents) -> None:
+async def register_after_start(address: str, agents: Agents) -> None:
     for _ in range(1200):
         try:
             await agents.register_at(address)
-            break
+            return
         except grpc.aio.AioRpcError:
             await asyncio.sleep(0.05)
+
+
+async def wait_serving_after_start(address: str, agents: Agents) -> None:
+    await register_after_start(address, agents)
     await wait_serving(address)
 
 
@@ -240,8 +246,13 @@ async def replica_round(tmp: Path, nodes: int) -> dict[str, float]:
         for i, port in enumerate(ports):
             procs.append(spawn(daemon_config(tmp, f"replica-{name}-{i}", port, url)))
         agents = Agents(addresses, nodes)
+        # Every replica hears the fleet before any is asked to route: a follower learns a
+        # worker only once the leader adopted it from its own heartbeat and wrote it, and
+        # whichever replica wins the lease, it need not be the first one started.
         for address in addresses:
-            await wait_serving_after_start(address, agents)
+            await register_after_start(address, agents)
+        for address in addresses:
+            await wait_serving(address)
         engine = make_engine(url)
 
         def lease() -> tuple[str, int]:
