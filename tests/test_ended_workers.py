@@ -56,7 +56,8 @@ def worker(worker_id: str, first_gpu: int) -> fpb.WorkerStatus:
     )
 
 
-def config(tmp_path: Path, url: str) -> DaemonConfig:
+def config(tmp_path: Path, url: str, **keys: float) -> DaemonConfig:
+    """A daemon sweeping every 0.1 s, with no planning pass of its own (none adds records)."""
     return DaemonConfig(
         listen="127.0.0.1:0",
         state_dir=str(tmp_path),
@@ -64,8 +65,8 @@ def config(tmp_path: Path, url: str) -> DaemonConfig:
         heartbeat_interval_s=0.2,
         node_lost_after_s=1e6,  # the node stays up on the manual clock
         liveness_check_interval_s=0.1,
-        ended_worker_retention_s=RETENTION_S,
         planner=PlannerSettings(interval_s=0.0),
+        **{"ended_worker_retention_s": RETENTION_S, **keys},
     )
 
 

@@ -21,7 +21,6 @@ from sqlalchemy import Engine
 
 from fleetshift.v1 import operations_pb2 as opb
 from fleetshift.v1 import operations_pb2_grpc as opb_grpc
-from fleetshift_common.config import DaemonConfig, PlannerSettings
 from fleetshift_daemon.app import Daemon
 from fleetshift_daemon.core.operations import (
     PRUNE_BATCH,
@@ -36,6 +35,7 @@ from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.work_store import SqlEfficiencyStore, SqlOperationStore
 
 from .clock import ManualClock
+from .test_ended_workers import config
 
 RETENTION_S = 7 * 86400.0
 REQUEST = {"node": "h100-1"}
@@ -137,19 +137,6 @@ def test_efficiency_samples_before_the_cutoff_are_deleted(db_url: str) -> None:
     assert [s.taken_at for s in store.recent()] == [200.0, 300.0]
 
 
-def config(tmp_path: Path, url: str) -> DaemonConfig:
-    return DaemonConfig(
-        listen="127.0.0.1:0",
-        state_dir=str(tmp_path),
-        database_url=url,
-        heartbeat_interval_s=0.2,
-        node_lost_after_s=1e6,
-        liveness_check_interval_s=0.1,
-        history_retention_s=RETENTION_S,
-        planner=PlannerSettings(interval_s=0.0),  # no pass adds samples of its own
-    )
-
-
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock(time.time())
@@ -174,7 +161,7 @@ def seeded(sqlite_url: str, clock: ManualClock) -> tuple[str, str]:
 async def daemon(
     tmp_path: Path, sqlite_url: str, clock: ManualClock, seeded: tuple[str, str]
 ) -> AsyncIterator[Daemon]:
-    d = Daemon(config(tmp_path, sqlite_url), clock=clock)
+    d = Daemon(config(tmp_path, sqlite_url, history_retention_s=RETENTION_S), clock=clock)
     await d.start()
     try:
         yield d
