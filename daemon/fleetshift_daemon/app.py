@@ -65,7 +65,7 @@ from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.lease_store import SqlLeaseStore
 from fleetshift_daemon.store.registry_store import SqlRegistryStore
 from fleetshift_daemon.store.traffic_store import SqlArrivalStore
-from fleetshift_daemon.store.view_mark import view_mark
+from fleetshift_daemon.store.view_mark import VIEWS, stale_views, view_mark
 from fleetshift_daemon.store.work_store import (
     SqlEfficiencyStore,
     SqlOperationStore,
@@ -117,6 +117,7 @@ class Daemon:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)  # named background jobs
     _fleet_metrics_at: float = -math.inf  # when the fleet gauges were last published
     _history_pruned_at: float = -math.inf  # by ``clock``, as the retention is
+    view_full_read_every_s: float = FULL_READ_EVERY_S
     _view_mark: tuple[str, ...] | None = None  # a follower's last read of the database...
     _view_read_at: float = -math.inf  # ...and when (monotonic)
 
@@ -255,24 +256,25 @@ class Daemon:
     def _refresh_view(self) -> None:
         """Blocking: what the leader wrote since the last look (nodes, workers, operations).
 
-        Skipped when the database's mark (``store/view_mark.py``) equals the one taken before
-        the last read, and that read is less than ``FULL_READ_EVERY_S`` old. The mark is taken
-        before reading: a write landing during the read changes the next mark, so it is read
-        then."""
+        Only the views whose tables' part of the database's mark (``store/view_mark.py``)
+        differs from the one taken before the last read are re-read, and all of them once the
+        last full read is ``view_full_read_every_s`` old. The mark is taken before reading: a
+        write landing during the read changes the next mark, so it is read then."""
         assert self.registry is not None and self.workers is not None
         assert self.operations is not None and self.engine is not None
         mark = view_mark(self.engine)
         now = time.monotonic()
-        if (
-            mark is not None
-            and mark == self._view_mark
-            and now - self._view_read_at < FULL_READ_EVERY_S
-        ):
-            return
-        self.registry.refresh()
-        self.workers.refresh()
-        self.operations.refresh()
-        self._view_mark, self._view_read_at = mark, now
+        full = now - self._view_read_at >= self.view_full_read_every_s
+        stale = VIEWS if full else stale_views(self._view_mark, mark)
+        if "registry" in stale:
+            self.registry.refresh()
+        if "workers" in stale:
+            self.workers.refresh()
+        if "operations" in stale:
+            self.operations.refresh()
+        self._view_mark = mark
+        if stale == VIEWS:
+            self._view_read_at = now
 
     async def _elected(self) -> None:
         """A new tenure: recover every running operation as a restarted daemon would, but

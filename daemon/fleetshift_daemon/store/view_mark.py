@@ -31,6 +31,23 @@ _MARK = text(
 )
 
 
+# What each part of the mark covers, in the mark's order: the registry is read from nodes and
+# gpus together, the worker table and the operation log each from their own table.
+MARK_PARTS = ("registry", "registry", "workers", "operations")
+VIEWS = frozenset(MARK_PARTS)
+
+
+def stale_views(before: tuple[str, ...] | None, now: tuple[str, ...] | None) -> frozenset[str]:
+    """The views a follower must re-read between two marks: those whose tables' parts differ,
+    and every view where either mark is missing (SQLite, or no read yet). An executor's step
+    rewrites its operation several times a move; re-reading the registry for each of those
+    cost a follower about a second of CPU at 1,000 nodes (py-spy on bench/route_replicas.py,
+    2026-12-05)."""
+    if before is None or now is None:
+        return VIEWS
+    return frozenset(part for part, a, b in zip(MARK_PARTS, before, now, strict=True) if a != b)
+
+
 def view_mark(engine: Engine) -> tuple[str, ...] | None:
     """The mark now; None where there is none to take (SQLite)."""
     if engine.dialect.name != "postgresql":
