@@ -25,22 +25,18 @@ import os
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 sys.path.insert(0, str(Path(__file__).parent))
 from failover import Agents, _free_port, daemon_config
+from pg_scratch import scratch_database
 
 from fleetshift_common.config import daemon_config as load_config
 from fleetshift_daemon import app as app_module
 from fleetshift_daemon.app import Daemon
 from fleetshift_daemon.core.operations import OperationKind
 from fleetshift_daemon.store.view_mark import VIEWS, stale_views
-
-PG_ADMIN = os.environ.get("FLEETSHIFT_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def any_change(before: Any, now: Any) -> frozenset[str]:
@@ -135,15 +131,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--write-every", type=float, default=0.5)
     args = parser.parse_args()
-    name = f"fleetshift_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            asyncio.run(run(args, f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}", Path(tmp)))
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with scratch_database() as url, tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(run(args, url, Path(tmp)))
 
 
 if __name__ == "__main__":

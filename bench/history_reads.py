@@ -14,12 +14,13 @@ the baseline is the same read of an empty table, in the same run.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
+import sys
 import time
-import uuid
+from pathlib import Path
 
-import psycopg
+sys.path.insert(0, str(Path(__file__).parent))
+from pg_scratch import scratch_database
 
 from fleetshift_daemon.core.operations import (
     Operation,
@@ -31,8 +32,6 @@ from fleetshift_daemon.core.operations import (
 )
 from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.work_store import SqlOperationStore
-
-PG_ADMIN = os.environ.get("FLEETSHIFT_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def operation(i: int) -> Operation:
@@ -76,12 +75,8 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[0, 1000, 10000])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    name = f"fleetshift_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        url = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
-        engine = make_engine(f"{url}/{name}")
+    with scratch_database() as url:
+        engine = make_engine(url)
         upgrade(engine)
         store = SqlOperationStore(engine)
         written = 0
@@ -94,9 +89,6 @@ def main() -> None:
             per_k = seconds * 1e6 / count if count else float("nan")
             print(f"{count:>10,} {seconds * 1e3:>22.1f} {per_k:>17.1f}")
         engine.dispose()
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":
