@@ -466,15 +466,13 @@ class Daemon:
         """Finished operations and efficiency samples past ``history_retention_s``: the two
         records every planning pass can add to, kept for audit, not forever."""
         assert self.operations is not None and self.efficiency_history is not None
-        self._history_pruned_at = self.clock()
+        self._history_pruned_at = now = self.clock()
         retention_s = self.config.history_retention_s
         try:
             ops = await in_thread(self.operations.prune_finished, retention_s)
-            samples = await in_thread(
-                self.efficiency_history.prune_before, self.clock() - retention_s
-            )
+            samples = await in_thread(self.efficiency_history.prune_before, now - retention_s)
         except Exception:
-            log.exception("pruning the history failed; retrying at the next sweep")
+            log.exception("pruning the history failed; retrying in %.0f s", HISTORY_PRUNE_EVERY_S)
             return
         if ops or samples:
             log.info(
