@@ -47,8 +47,19 @@ def engine_for(db_url: str) -> Engine:
     return engine
 
 
+def loaded_log(engine: Engine, clock: ManualClock) -> OperationLog:
+    """A daemon's operation log over the SQL store, loaded as one does at start."""
+    log = OperationLog(SqlOperationStore(engine), clock)
+    log.load()
+    return log
+
+
+def create(log: OperationLog, key: str = "") -> tuple[Operation, bool]:
+    return log.create(OperationKind.DRAIN, "ops", "test", (), idempotency_key=key, request=REQUEST)
+
+
 def record(log: OperationLog, state: OperationState, key: str = "") -> Operation:
-    op, _ = log.create(OperationKind.DRAIN, "ops", "test", (), idempotency_key=key, request=REQUEST)
+    op, _ = create(log, key)
     return log.update(op.id, state=state) if state is not OperationState.PENDING else op
 
 
@@ -59,8 +70,7 @@ def stored_ids(engine: Engine) -> set[str]:
 def test_only_operations_finished_before_the_retention_are_deleted(db_url: str) -> None:
     clock = ManualClock(1_000_000.0)
     engine = engine_for(db_url)
-    log = OperationLog(SqlOperationStore(engine), clock)
-    log.load()
+    log = loaded_log(engine, clock)
     done = record(log, OperationState.SUCCEEDED, key="k-old")
     failed = record(log, OperationState.FAILED)
     running = record(log, OperationState.RUNNING)  # never pruned, however old
@@ -68,9 +78,7 @@ def test_only_operations_finished_before_the_retention_are_deleted(db_url: str) 
     recent = record(log, OperationState.CANCELLED)
     assert log.prune_finished(RETENTION_S) == []
     # the key is still honoured: the same request returns the first operation
-    again, created = log.create(
-        OperationKind.DRAIN, "ops", "test", (), idempotency_key="k-old", request=REQUEST
-    )
+    again, created = create(log, key="k-old")
     assert (again.id, created) == (done.id, False)
     clock.advance(1.0)
     assert log.prune_finished(RETENTION_S) == []  # exactly the retention: kept
@@ -81,21 +89,17 @@ def test_only_operations_finished_before_the_retention_are_deleted(db_url: str) 
     with pytest.raises(OperationNotFound):
         log.get(done.id)
     # after the retention the same key starts a new operation
-    fresh, created = log.create(
-        OperationKind.DRAIN, "ops", "test", (), idempotency_key="k-old", request=REQUEST
-    )
+    fresh, created = create(log, key="k-old")
     assert created and fresh.id != done.id
 
 
 def test_a_follower_forgets_what_the_leader_pruned(db_url: str) -> None:
     clock = ManualClock(1_000_000.0)
     engine = engine_for(db_url)
-    leader = OperationLog(SqlOperationStore(engine), clock)
-    leader.load()
+    leader = loaded_log(engine, clock)
     old = record(leader, OperationState.SUCCEEDED, key="k1")
     kept = record(leader, OperationState.RUNNING)
-    follower = OperationLog(SqlOperationStore(engine), clock)
-    follower.load()
+    follower = loaded_log(engine, clock)
     assert follower.get(old.id) == old
     clock.advance(RETENTION_S + 1.0)
     assert leader.prune_finished(RETENTION_S) == [old.id]
@@ -122,8 +126,7 @@ def test_a_large_backlog_is_deleted_in_batches(db_url: str) -> None:
     )
     for i in range(count):
         store.save_operation(dataclasses.replace(template, id=f"op-{i:05d}"))
-    log = OperationLog(store, clock)
-    log.load()
+    log = loaded_log(engine, clock)
     clock.advance(RETENTION_S + 1.0)
     assert len(log.prune_finished(RETENTION_S)) == count
     assert stored_ids(engine) == set()
@@ -147,8 +150,7 @@ def seeded(sqlite_url: str, clock: ManualClock) -> tuple[str, str]:
     """An old and a recent finished operation and an old efficiency sample, written before
     the daemon starts, as an earlier run of it would have left them."""
     engine = engine_for(sqlite_url)
-    log = OperationLog(SqlOperationStore(engine), clock)
-    log.load()
+    log = loaded_log(engine, clock)
     old = record(log, OperationState.SUCCEEDED)
     SqlEfficiencyStore(engine).add(EfficiencySample(clock(), 0.8, 8.0, 10.0))
     clock.advance(RETENTION_S / 2)
