@@ -44,6 +44,9 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select, text
 
+sys.path.insert(0, str(Path(__file__).parent))
+from pg_scratch import scratch_database
+
 from fleetshift_daemon.core.traffic import TrafficConfig, TrafficMonitor
 from fleetshift_daemon.store.database import make_engine, upgrade
 from fleetshift_daemon.store.models import RouteArrivalRow
@@ -146,15 +149,8 @@ def database(kind: str, pg_admin: str) -> Iterator[str]:
         with tempfile.TemporaryDirectory() as tmp:
             yield f"sqlite:///{tmp}/bench.db"
         return
-    import psycopg
-
-    name = f"bench_arrivals_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_admin, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield f"{pg_admin.rsplit('/', 1)[0]}/{name}"
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database("bench_arrivals", pg_admin) as url:
+        yield url
 
 
 def pct(values: list[float], q: float) -> float:
