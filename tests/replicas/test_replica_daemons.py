@@ -358,8 +358,9 @@ async def test_a_follower_rereads_only_the_tables_the_leader_wrote(
     tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An operation's every step rewrites its row, several times a move: a follower that
-    re-read 1,000 nodes and their GPUs for each of them spent 0.64 s of CPU a time (bench/follower_reads.py),
-    beside the Route calls it serves. Only the view whose tables changed is re-read."""
+    re-read 1,000 nodes and their GPUs for each of them spent 0.64 s of CPU a time
+    (bench/follower_reads.py), beside the Route calls it serves. Only the view whose tables
+    changed is re-read."""
     async with serving_pair(tmp_path, pg_url, REPLICAS) as (leader, follower):
         assert follower.replica_loop is not None and leader.operations is not None
         assert follower.registry and follower.workers and follower.operations
