@@ -11,7 +11,8 @@ each ``refresh``). Modes, one after the other on the same daemons:
   every view;
 - ``per-table`` (this tree): only the views whose tables changed.
 
-Both re-read everything at least every 10 s.
+Both re-read everything at least every ``replicas.view_full_read_s`` (the daemon's default,
+300 s since 2026-12-05; 10 s, fixed, before), so a 30 s mode sees at most the first full read.
 
     PYTHONPATH=. nice -n 10 .venv/bin/python bench/follower_reads.py
 """

@@ -1,7 +1,8 @@
 """What an unbounded operations table costs a follower: one full re-read, at history sizes.
 
-A follower re-reads the operations table whenever the leader wrote and at least every 10 s
-(``FULL_READ_EVERY_S``), and a (re)starting daemon reads it whole. Before
+A follower re-reads the operations table whenever the leader wrote it and at least every
+``replicas.view_full_read_s`` (10 s until 2026-12-05, 300 s since), and a (re)starting daemon
+reads it whole. Before
 ``history_retention_s`` nothing left it: the read grew with every operation the fleet ever
 ran. This times ``SqlOperationStore.load_operations`` (the read both do) on a fresh
 PostgreSQL database holding N finished operations of two move steps each, for each N given;

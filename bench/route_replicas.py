@@ -15,6 +15,10 @@ given them). Modes, one after the other on the same replicas and fleet:
 Baseline, same run: the same with one replica. No process is pinned: the replicas, the
 PostgreSQL server and the clients share the machine's cores.
 
+``--full-read-s 10,300`` runs each round once per value of the followers' periodic full read
+(``replicas.view_full_read_s``; 10 s was the fixed rule before 2026-12-05, 300 s the default
+since), so the two are compared on the same machine in the same run.
+
 Every phase has a deadline (``--phase-timeout``): a round that cannot register, serve or
 finish says which phase stalled, shows the replicas' log tails and exits non-zero, instead of
 waiting. (The two-replica round of 2026-12-02 "hung": it registered the 2,000 node/heartbeat
@@ -147,7 +151,7 @@ def phase(name: str, limit_s: float, coro: Coroutine[Any, Any, None]) -> float:
 
 
 def round_with(
-    tmp: Path, replicas: int, nodes: int, args: argparse.Namespace
+    tmp: Path, replicas: int, nodes: int, args: argparse.Namespace, full_read_s: float
 ) -> dict[str, dict[str, float]]:
     name = f"fleetshift_bench_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=10) as admin:
@@ -158,7 +162,10 @@ def round_with(
     configs = [daemon_config(tmp, f"{name}-{i}", p, url) for i, p in enumerate(ports)]
     for config in configs:  # no heartbeats follow the registration: keep the nodes ready
         text = config.read_text().replace("node_lost_after_s = 30", "node_lost_after_s = 3600")
-        text = text.replace("view_refresh_s = 0.2", f"view_refresh_s = {args.view_refresh_s}")
+        text = text.replace(
+            "view_refresh_s = 0.2",
+            f"view_refresh_s = {args.view_refresh_s}\nview_full_read_s = {full_read_s}",
+        )
         if args.default_lease:  # the daemon's own lease settings, not the failover bench's
             text = "\n".join(
                 line for line in text.splitlines() if not line.startswith(("lease_ttl_s", "renew_"))
@@ -244,6 +251,8 @@ def main() -> None:
                         help="the daemon's lease settings (TTL 5 s) instead of the failover bench's (3 s)")  # fmt: skip
     parser.add_argument("--register-at-first", action="store_true",
                         help="agents register with the first replica only (the others read the fleet from the database)")  # fmt: skip
+    parser.add_argument("--full-read-s", default="300",
+                        help="followers' full-read intervals, a round each (e.g. 10,300)")  # fmt: skip
     parser.add_argument("--phase-timeout", type=float, default=300.0,
                         help="seconds any one phase of a round may take before the bench stops")  # fmt: skip
     args = parser.parse_args()
@@ -254,19 +263,22 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for count in (int(c) for c in args.replicas.split(",")):
-            print(f"{count} replica(s):", flush=True)
-            try:
-                rows.append((count, round_with(Path(tmp), count, args.nodes, args)))
-            except Stalled:
-                sys.exit(3)
+            for full_read_s in (float(v) for v in args.full_read_s.split(",")):
+                print(f"{count} replica(s), full read every {full_read_s:g} s:", flush=True)
+                try:
+                    result = round_with(Path(tmp), count, args.nodes, args, full_read_s)
+                except Stalled:
+                    sys.exit(3)
+                rows.append((count, full_read_s, result))
     print(f"\nload average at end {os.getloadavg()[0]:.1f}; {args.nodes} nodes; {args.clients} client "
           f"processes x {args.concurrency} in flight; {args.seconds:g} s per mode; nothing pinned")  # fmt: skip
-    print("| replicas | client | Route calls/s | p50 ms | p99 ms | refused | deposals (round) |")
-    print("|---|---|---|---|---|---|---|")
-    for count, by_mode in rows:
+    print("| replicas | full read s | client | Route calls/s | p50 ms | p99 ms | refused "
+          "| deposals (round) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for count, full_read_s, by_mode in rows:
         for mode, r in by_mode.items():
-            print(f"| {count} | {mode} | {r['rate']:,.0f} | {r['p50']:.2f} | {r['p99']:.2f} | "
-                  f"{r['refused']:.0f} | {r['deposed']:.0f} |")  # fmt: skip
+            print(f"| {count} | {full_read_s:g} | {mode} | {r['rate']:,.0f} | {r['p50']:.2f} | "
+                  f"{r['p99']:.2f} | {r['refused']:.0f} | {r['deposed']:.0f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

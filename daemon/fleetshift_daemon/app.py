@@ -80,7 +80,6 @@ from fleetshift_rpc.server import RunningServer, ServiceBinding, start_server
 log = logging.getLogger("fleetshift.daemon")
 
 FLEET_METRICS_EVERY_S = 1.0
-FULL_READ_EVERY_S = 10.0  # a follower re-reads everything this often even when the mark holds
 HISTORY_PRUNE_EVERY_S = 60.0  # finished operations and efficiency samples: a DELETE a minute
 
 
@@ -117,7 +116,6 @@ class Daemon:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)  # named background jobs
     _fleet_metrics_at: float = -math.inf  # when the fleet gauges were last published
     _history_pruned_at: float = -math.inf  # by ``clock``, as the retention is
-    view_full_read_every_s: float = FULL_READ_EVERY_S
     _view_mark: tuple[str, ...] | None = None  # a follower's last read of the database...
     _view_read_at: float = -math.inf  # ...and when (monotonic)
 
@@ -258,13 +256,13 @@ class Daemon:
 
         Only the views whose tables' part of the database's mark (``store/view_mark.py``)
         differs from the one taken before the last read are re-read, and all of them once the
-        last full read is ``view_full_read_every_s`` old. The mark is taken before reading: a
-        write landing during the read changes the next mark, so it is read then."""
+        last full read is ``replicas.view_full_read_s`` old. The mark is taken before reading:
+        a write landing during the read changes the next mark, so it is read then."""
         assert self.registry is not None and self.workers is not None
         assert self.operations is not None and self.engine is not None
         mark = view_mark(self.engine)
         now = time.monotonic()
-        full = now - self._view_read_at >= self.view_full_read_every_s
+        full = now - self._view_read_at >= self.config.replicas.view_full_read_s
         stale = VIEWS if full else stale_views(self._view_mark, mark)
         if "registry" in stale:
             self.registry.refresh()

@@ -19,6 +19,17 @@ def test_replica_timings_must_leave_the_leader_time_to_stop(tmp_path: Path) -> N
     assert daemon_config(path, env={}).replicas.renew_deadline_s == 6.0
 
 
+@pytest.mark.parametrize("key", ["view_refresh_s", "view_full_read_s"])
+def test_a_followers_read_intervals_must_be_positive(tmp_path: Path, key: str) -> None:
+    path = tmp_path / "d.toml"
+    path.write_text(f"[replicas]\n{key} = 0\n")
+    with pytest.raises(ConfigError, match=f"replicas.{key}") as err:
+        daemon_config(path, env={})
+    assert err.value.field == f"replicas.{key}"
+    path.write_text(f"[replicas]\n{key} = 30.0\n")
+    assert getattr(daemon_config(path, env={}).replicas, key) == 30.0
+
+
 def test_an_agent_takes_every_replica_and_names_a_bad_one(tmp_path: Path) -> None:
     path = tmp_path / "a.toml"
     base = 'inventory = "declared"\n[[gpus]]\nproduct_name = "NVIDIA H200"\ncount = 1\n'

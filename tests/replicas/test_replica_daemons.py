@@ -361,10 +361,10 @@ async def test_a_follower_rereads_only_the_tables_the_leader_wrote(
     re-read 1,000 nodes and their GPUs for each of them spent 0.64 s of CPU a time
     (bench/follower_reads.py), beside the Route calls it serves. Only the view whose tables
     changed is re-read."""
-    async with serving_pair(tmp_path, pg_url, REPLICAS) as (leader, follower):
+    mark_only = dataclasses.replace(REPLICAS, view_full_read_s=1e9)  # only the mark decides
+    async with serving_pair(tmp_path, pg_url, mark_only) as (leader, follower):
         assert follower.replica_loop is not None and leader.operations is not None
         assert follower.registry and follower.workers and follower.operations
-        follower.view_full_read_every_s = 1e9  # from here on only the mark decides
         settled = follower.replica_loop.reads + 2  # a read in flight has ended by then
         await until(
             lambda: follower.replica_loop is not None and follower.replica_loop.reads >= settled
@@ -382,6 +382,29 @@ async def test_a_follower_rereads_only_the_tables_the_leader_wrote(
         await add_worker(leader)
         await until(lambda: follower.workers.find("w1") is not None)  # type: ignore[union-attr]
         assert reads["registry"] == 0
+
+
+async def test_a_follower_reads_every_view_at_the_full_read_interval_whatever_the_mark(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mark decides what a follower re-reads; a full read every ``view_full_read_s`` is
+    the defence in depth (and what brings a follower the heartbeat times of an agent that
+    beats only the leader): with nothing written, each view is still read that often."""
+    every_second = dataclasses.replace(REPLICAS, view_full_read_s=1.0)
+    async with serving_pair(tmp_path, pg_url, every_second) as (_leader, follower):
+        loop = follower.replica_loop
+        assert loop is not None
+        settled = loop.reads + 2  # the registration's re-read has ended by then
+        await until(lambda: loop.reads >= settled)
+        reads: collections.Counter[str] = collections.Counter()
+        for name in ("registry", "workers", "operations"):
+            view = getattr(follower, name)
+            monkeypatch.setattr(view, "refresh", counting(reads, name, view.refresh))
+        start = time.monotonic()
+        await until(lambda: loop.reads >= settled + 30)  # >= 3 s of 0.1 s refreshes, no writes
+        seconds = time.monotonic() - start
+        for name in ("registry", "workers", "operations"):
+            assert seconds - 1.5 <= reads[name] <= seconds + 1, (name, reads, seconds)
 
 
 def counting(reads: collections.Counter[str], name: str, refresh: Any) -> Any:

@@ -4,28 +4,43 @@ A follower re-read every node, GPU, worker and operation each ``view_refresh_s``
 nodes about 11,000 rows through the ORM five times a second, which took half of a follower's
 samples under py-spy and starved the leader it shares the machine with (registering 1,000 nodes
 at the leader did not finish in 600 s beside one follower; 134 s alone). The mark is computed
-by PostgreSQL in one statement and one row: per table, the row count and the sum of the rows'
-``xmin`` (the transaction that wrote each row version: an insert, update or delete changes the
-sum or the count), and for ``nodes``, whose heartbeat times the leader rewrites every sweep, a
-digest of the durable columns instead. A changed mark can be spurious (a vacuum freezing rows
-on old servers): that costs one needless re-read, never a missed change. SQLite serves one
-daemon, which never follows: no mark (None), the caller reads as before.
+by PostgreSQL in one statement and one row: per table, the row count and the sum of a 64-bit
+hash of each row's ``xmin`` (the transaction that wrote the row version: an insert, update or
+delete changes the sum or the count), and for ``nodes``, whose heartbeat times the leader
+rewrites every sweep, a digest of the durable columns instead.
+
+Why hashed: a plain sum of ``xmin`` can stay the same across a change. Transaction ids are
+taken when a transaction first writes, not when it commits, so an older transaction that
+commits late can rewrite one row to a smaller id and another to a larger one, the two
+differences cancelling (``tests/replicas/test_view_mark.py`` builds such a pair). With hashed
+ids a missed change needs two 64-bit hashes to cancel, so the mark is what decides a re-read,
+and the periodic full read (``replicas.view_full_read_s``) is defence in depth, not
+correctness. A changed mark can be spurious (a row rewritten with the same values): that costs
+one needless re-read, never a missed change. SQLite serves one daemon, which never follows: no
+mark (None), the caller reads as before.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import Engine, text
 
-# The durable columns of a node (what Registry.refresh compares), in one digest.
+# Per table, the mark's part: for ``nodes`` a digest of every column but the heartbeat time (what
+# Registry.refresh compares; tests/replicas/test_view_mark.py checks each column), for the
+# others the row count and the sum of the rows' hashed ``xmin``.
 _MARK = text(
     """
     SELECT
       (SELECT md5(coalesce(string_agg(concat_ws('|', id, name, agent_address, state, cordoned,
               cordon_reason, inventory_source, driver_version, cuda_version, torch_version,
               agent_version, registered_at), ',' ORDER BY id), '')) FROM nodes),
-      (SELECT count(*)::text || ':' || coalesce(sum(xmin::text::bigint), 0)::text FROM gpus),
-      (SELECT count(*)::text || ':' || coalesce(sum(xmin::text::bigint), 0)::text FROM workers),
-      (SELECT count(*)::text || ':' || coalesce(sum(xmin::text::bigint), 0)::text
+      (SELECT count(*)::text || ':'
+              || coalesce(sum(hashint8extended(xmin::text::bigint, 0)::numeric), 0)::text
+         FROM gpus),
+      (SELECT count(*)::text || ':'
+              || coalesce(sum(hashint8extended(xmin::text::bigint, 0)::numeric), 0)::text
+         FROM workers),
+      (SELECT count(*)::text || ':'
+              || coalesce(sum(hashint8extended(xmin::text::bigint, 0)::numeric), 0)::text
          FROM operations)
     """
 )
