@@ -15,6 +15,12 @@ given them). Modes, one after the other on the same replicas and fleet:
 Baseline, same run: the same with one replica. No process is pinned: the replicas, the
 PostgreSQL server and the clients share the machine's cores.
 
+``--rates 500,1000,2000`` replaces the closed loop with an open one: calls arrive at that many
+per second in all (Poisson, split over the client processes) whatever the answers do, and each
+latency counts from the call's scheduled time, so a stalled replica's backlog shows in the tail
+instead of slowing the arrivals (no coordinated omission). The p99 against the offered rate
+shows where the machine's knee is, which a closed loop at saturation cannot.
+
 ``--full-read-s 10,300`` runs each round once per value of the followers' periodic full read
 (``replicas.view_full_read_s``; 10 s was the fixed rule before 2026-12-05, 300 s the default
 since), so the two are compared on the same machine in the same run.
@@ -60,7 +66,9 @@ from fleetshift_rpc.route_stream import RouteClient
 MODES = ("unary", "stream")
 
 
-async def client(addresses: str, seconds: float, concurrency: int, mode: str) -> dict[str, object]:
+async def client(
+    addresses: str, seconds: float, concurrency: int, mode: str, rate: float
+) -> dict[str, object]:
     latencies: list[float] = []
     refused = 0
     async with aio_daemon_channel(addresses) as ch:
@@ -74,25 +82,43 @@ async def client(addresses: str, seconds: float, concurrency: int, mode: str) ->
         outputs = rng.integers(10, 1500, 10_000)
         deadline = time.perf_counter() + seconds
 
-        async def one(k: int) -> None:
+        async def call(i: int, t0: float) -> None:
+            """One Route; its latency counts from ``t0`` (when it was due)."""
             nonlocal refused
+            request = pb.RouteRequest(
+                model="llama-70b",
+                prompt_tokens=int(prompts[i % 10_000]),
+                expected_output_tokens=int(outputs[i % 10_000]),
+            )
+            try:
+                await route(request, timeout=5)
+                latencies.append(time.perf_counter() - t0)
+            except grpc.aio.AioRpcError:
+                refused += 1
+
+        async def one(k: int) -> None:
             i = k
             while time.perf_counter() < deadline:
-                t0 = time.perf_counter()
-                request = pb.RouteRequest(
-                    model="llama-70b",
-                    prompt_tokens=int(prompts[i % 10_000]),
-                    expected_output_tokens=int(outputs[i % 10_000]),
-                )
-                try:
-                    await route(request, timeout=5)
-                    latencies.append(time.perf_counter() - t0)
-                except grpc.aio.AioRpcError:
-                    refused += 1
+                await call(i, time.perf_counter())
                 i += concurrency
 
+        async def arrivals() -> None:
+            due, in_flight = time.perf_counter(), set()
+            for i, gap in enumerate(rng.exponential(1 / rate, int(rate * seconds * 2) + 10)):
+                due += gap
+                if due >= deadline:
+                    break
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                task = asyncio.create_task(call(i, due))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+            await asyncio.gather(*in_flight)
+
         start = time.perf_counter()
-        await asyncio.gather(*(one(k) for k in range(concurrency)))
+        if rate > 0:
+            await arrivals()
+        else:
+            await asyncio.gather(*(one(k) for k in range(concurrency)))
         elapsed = time.perf_counter() - start
         if mode == "stream":
             await stream.close()
@@ -180,8 +206,10 @@ def round_with(
         for i, address in enumerate(addresses):
             phase(f"replica {i} routes", limit, routes(address))
         for mode in args.modes.split(","):
-            out[mode] = run_clients(tmp, name, addresses, mode, args)
-            out[mode]["deposed"] = sum(_log_count(c, "leadership: deposed") for c in configs)
+            for rate in [float(r) for r in args.rates.split(",")] if args.rates else [0.0]:
+                label = f"{mode} @ {rate:,.0f}/s offered" if rate else mode
+                out[label] = run_clients(tmp, name, addresses, mode, args, rate)
+                out[label]["deposed"] = sum(_log_count(c, "leadership: deposed") for c in configs)
     except Stalled as err:
         print(f"STALLED ({replicas} replica(s)): {err}\n{log_tails(tmp)}", flush=True)
         raise
@@ -195,11 +223,17 @@ def round_with(
 
 
 def run_clients(
-    tmp: Path, name: str, addresses: list[str], mode: str, args: argparse.Namespace
+    tmp: Path,
+    name: str,
+    addresses: list[str],
+    mode: str,
+    args: argparse.Namespace,
+    rate_asked: float,
 ) -> dict[str, float]:
-    outs = [tmp / f"{name}-{mode}-client-{k}.json" for k in range(args.clients)]
+    """Run the client processes once; ``rate_asked`` > 0: open loop at that total rate."""
+    outs = [tmp / f"{name}-{mode}-{rate_asked:g}-client-{k}.json" for k in range(args.clients)]
     argv = [sys.executable, __file__, "--client", ",".join(addresses), str(args.seconds),
-            str(args.concurrency), mode]  # fmt: skip
+            str(args.concurrency), mode, str(rate_asked / args.clients)]  # fmt: skip
     clients = [subprocess.Popen([*argv, str(out)]) for out in outs]
     try:
         for proc in clients:
@@ -218,13 +252,18 @@ def run_clients(
     lat = np.concatenate([np.array(r["latencies_ms"], dtype=float) for r in results])
     p50, p99 = np.percentile(lat, [50, 99]) if lat.size else (float("nan"), float("nan"))
     rate = sum(r["calls"] / r["elapsed"] for r in results)
-    print(f"  {mode}: {rate:,.0f} Route/s, p50 {p50:.2f} ms, p99 {p99:.2f} ms", flush=True)
+    print(f"  {mode} ({offered(rate_asked)}): {rate:,.0f} Route/s, p50 {p50:.2f} ms, "
+          f"p99 {p99:.2f} ms", flush=True)  # fmt: skip
     return {
         "rate": rate,
         "p50": float(p50),
         "p99": float(p99),
         "refused": sum(r["refused"] for r in results),
     }
+
+
+def offered(rate: float) -> str:
+    return f"open loop, {rate:,.0f}/s offered" if rate else "closed loop"
 
 
 def _log_count(config: Path, line: str) -> int:
@@ -234,8 +273,8 @@ def _log_count(config: Path, line: str) -> int:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
-        addresses, seconds, concurrency, mode, out = sys.argv[2:7]
-        result = asyncio.run(client(addresses, float(seconds), int(concurrency), mode))
+        addresses, seconds, concurrency, mode, rate, out = sys.argv[2:8]
+        result = asyncio.run(client(addresses, float(seconds), int(concurrency), mode, float(rate)))
         Path(out).write_text(json.dumps(result))
         return
     parser = argparse.ArgumentParser()
@@ -251,6 +290,8 @@ def main() -> None:
                         help="the daemon's lease settings (TTL 5 s) instead of the failover bench's (3 s)")  # fmt: skip
     parser.add_argument("--register-at-first", action="store_true",
                         help="agents register with the first replica only (the others read the fleet from the database)")  # fmt: skip
+    parser.add_argument("--rates", default="",
+                        help="open loop: offered Route calls/s in all, a run each (e.g. 500,1000,2000); empty: closed loop")  # fmt: skip
     parser.add_argument("--full-read-s", default="300",
                         help="followers' full-read intervals, a round each (e.g. 10,300)")  # fmt: skip
     parser.add_argument("--phase-timeout", type=float, default=300.0,
@@ -260,16 +301,16 @@ def main() -> None:
     if unknown:
         parser.error(f"--modes: unknown {sorted(unknown)}; known: {', '.join(MODES)}")
     print(f"load average at start {os.getloadavg()[0]:.1f}", flush=True)
-    rows = []
+    rows: list[tuple[int, float, dict[str, dict[str, float]]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for count in (int(c) for c in args.replicas.split(",")):
             for full_read_s in (float(v) for v in args.full_read_s.split(",")):
                 print(f"{count} replica(s), full read every {full_read_s:g} s:", flush=True)
                 try:
-                    result = round_with(Path(tmp), count, args.nodes, args, full_read_s)
+                    by_mode = round_with(Path(tmp), count, args.nodes, args, full_read_s)
                 except Stalled:
                     sys.exit(3)
-                rows.append((count, full_read_s, result))
+                rows.append((count, full_read_s, by_mode))
     print(f"\nload average at end {os.getloadavg()[0]:.1f}; {args.nodes} nodes; {args.clients} client "
           f"processes x {args.concurrency} in flight; {args.seconds:g} s per mode; nothing pinned")  # fmt: skip
     print("| replicas | full read s | client | Route calls/s | p50 ms | p99 ms | refused "
