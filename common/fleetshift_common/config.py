@@ -285,6 +285,11 @@ class DaemonConfig(ProcessKeys):
     heartbeat_interval_s: float = 2.0
     node_lost_after_s: float = 10.0
     liveness_check_interval_s: float = 1.0
+    # More than this share of the ready nodes silent at once (in a fleet of at least
+    # mass_silence_min_nodes): the daemon suspects itself or its network, not the nodes, and
+    # declares none of them lost until the share falls back. 1.0 turns the guard off.
+    mass_silence_fraction: float = 0.5
+    mass_silence_min_nodes: int = 10
     # A stopped or failed worker's record is deleted this long after it ended (the sweep):
     # long enough to inspect it, short enough that moves do not grow the registry forever.
     ended_worker_retention_s: float = 3600.0
@@ -308,6 +313,18 @@ class DaemonConfig(ProcessKeys):
             "history_retention_s",
         ):
             _check_positive(name, getattr(self, name))
+        if not 0 < self.mass_silence_fraction <= 1:
+            raise ConfigError(
+                "config key 'mass_silence_fraction' must be in (0, 1] (1 turns the guard off), "
+                f"got {self.mass_silence_fraction}",
+                field="mass_silence_fraction",
+            )
+        if self.mass_silence_min_nodes < 1:
+            raise ConfigError(
+                "config key 'mass_silence_min_nodes' must be at least 1, "
+                f"got {self.mass_silence_min_nodes}",
+                field="mass_silence_min_nodes",
+            )
         if self.node_lost_after_s <= self.heartbeat_interval_s:
             raise ConfigError(
                 "config key 'node_lost_after_s' must exceed 'heartbeat_interval_s' "

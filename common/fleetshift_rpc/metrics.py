@@ -144,6 +144,13 @@ class DaemonMetrics:
             "Times a node turned lost (no heartbeat within node_lost_after_s)",
             registry=r,
         )
+        self.nodes_silent_unjudged = Gauge(
+            "fleetshift_nodes_silent_unjudged",
+            "Ready nodes silent past node_lost_after_s that the last sweep did not declare "
+            "lost, because more than mass_silence_fraction of the fleet fell silent at once "
+            "(the daemon suspects itself or its network); 0 normally",
+            registry=r,
+        )
         self.operations = Counter(
             "fleetshift_operations",
             "Finished operations by kind (rebalance, drain, move_worker) and outcome "

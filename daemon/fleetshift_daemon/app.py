@@ -54,7 +54,7 @@ from fleetshift_daemon.core.moves import MoveLimits, MovePlanner
 from fleetshift_daemon.core.operations import OperationLog
 from fleetshift_daemon.core.placement import PlacementService, PlanningSettings, ServedModel
 from fleetshift_daemon.core.planning_cycle import CycleReport
-from fleetshift_daemon.core.registry import Registry
+from fleetshift_daemon.core.registry import Registry, SilenceGuard
 from fleetshift_daemon.core.slo_monitor import SloMonitorConfig
 from fleetshift_daemon.core.submission import Submission
 from fleetshift_daemon.core.workers import WorkerTable
@@ -116,6 +116,7 @@ class Daemon:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)  # named background jobs
     _fleet_metrics_at: float = -math.inf  # when the fleet gauges were last published
     _history_pruned_at: float = -math.inf  # by ``clock``, as the retention is
+    _mass_silence: bool = False  # the silence guard spared nodes at the last sweep
     _view_mark: tuple[str, ...] | None = None  # a follower's last read of the database...
     _view_read_at: float = -math.inf  # ...and when (monotonic)
 
@@ -137,7 +138,10 @@ class Daemon:
         # (store/lease_store.py); registrations are the agents' own and are not fenced.
         fence = self.leadership.token
         self.registry = Registry(
-            SqlRegistryStore(self.engine, fence), self.clock, cfg.node_lost_after_s
+            SqlRegistryStore(self.engine, fence),
+            self.clock,
+            cfg.node_lost_after_s,
+            silence_guard=SilenceGuard(cfg.mass_silence_fraction, cfg.mass_silence_min_nodes),
         )
         await asyncio.to_thread(self.registry.load)
         self.workers = WorkerTable(SqlWorkerStore(self.engine, fence), self.clock)
@@ -433,6 +437,7 @@ class Daemon:
             return
         for name in turned:
             log.warning("node lost: no heartbeat within the timeout", extra={"node": name})
+        self._report_mass_silence(self.registry.silent_unjudged)
         await self._prune_ended_workers()
         if not 0.0 <= self.clock() - self._history_pruned_at < HISTORY_PRUNE_EVERY_S:
             await self._prune_history()
@@ -444,6 +449,21 @@ class Daemon:
         if turned or now - self._fleet_metrics_at >= FLEET_METRICS_EVERY_S:
             self._fleet_metrics_at = now
             self._publish_fleet_metrics()
+
+    def _report_mass_silence(self, silent: int) -> None:
+        """Say once when the silence guard starts sparing nodes and once when it stops (every
+        sweep would flood the log); the gauge shows how many it spares meanwhile."""
+        self.metrics.nodes_silent_unjudged.set(silent)
+        if silent and not self._mass_silence:
+            log.warning(
+                "%d ready node(s) silent past node_lost_after_s at once, more than "
+                "mass_silence_fraction of the fleet: suspecting this daemon or its network, "
+                "not the nodes; declaring none of them lost until the share falls back",
+                silent,
+            )
+        elif self._mass_silence and not silent:
+            log.warning("the mass silence ended: silent nodes turn lost again as they time out")
+        self._mass_silence = silent > 0
 
     async def _prune_ended_workers(self) -> None:
         assert self.workers is not None

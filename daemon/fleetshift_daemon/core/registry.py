@@ -47,6 +47,30 @@ class NodeNotFound(NotFound):
     pass
 
 
+@dataclasses.dataclass(frozen=True)
+class SilenceGuard:
+    """When most of a fleet falls silent at once, suspect the daemon, not the nodes.
+
+    A node turns lost when the daemon has not heard it for the timeout, and a lost node's
+    workers get no more traffic. That verdict is about the node only while the daemon hears
+    the rest of the fleet: a daemon stalled past the timeout (a saturated host, a long GC
+    pause, a starved event loop) or cut off from the fleet hears nobody, and declaring the
+    whole fleet lost would turn its own trouble into an outage — every Route answered "no
+    capacity" while the nodes serve on. The single-daemon load bench on PostgreSQL lost all
+    1,000 nodes that way (docs/benchmarks.md). So when more than ``fraction`` of the ready
+    nodes are silent in one sweep, in a fleet of at least ``min_nodes`` ready nodes, none of
+    them is declared lost until the share falls back (Kubernetes' node lifecycle controller
+    stops evicting in a full disruption for the same reason). Below ``min_nodes`` one node
+    is too large a share of the fleet to tell the two apart, and nodes turn lost as before.
+    """
+
+    fraction: float = 0.5
+    min_nodes: int = 10
+
+    def holds(self, silent: int, ready: int) -> bool:
+        return ready >= self.min_nodes and silent > self.fraction * ready
+
+
 class Registry:
     def __init__(
         self,
@@ -54,10 +78,13 @@ class Registry:
         clock: Callable[[], float],
         lost_after_s: float,
         limits: RegistrationLimits | None = None,
+        silence_guard: SilenceGuard | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._lost_after_s = lost_after_s
+        self._silence_guard = silence_guard or SilenceGuard()
+        self.silent_unjudged = 0  # silent nodes the last sweep did not declare lost (the guard)
         self._limits = limits or RegistrationLimits()
         self._nodes: dict[str, NodeRecord] = {}
         self._last_seen: dict[str, float] = {}  # liveness clock, in memory only
@@ -199,17 +226,23 @@ class Registry:
         ]
 
     def sweep(self) -> list[str]:
-        """Flush heartbeat times and turn silent nodes `lost`; returns the names that turned."""
+        """Flush heartbeat times and turn silent nodes `lost`, unless so many are silent at
+        once that the daemon suspects itself (``SilenceGuard``; ``silent_unjudged`` says how
+        many it spared); returns the names that turned."""
         now = self._clock()
         turned: list[str] = []
         self._flush_heartbeats()
         with self._lock:
-            for name, node in self._nodes.items():
-                silent_for = now - self._last_seen.get(name, now)
-                if node.state is NodeState.READY and silent_for > self._lost_after_s:
-                    self._nodes[name] = dataclasses.replace(node, state=NodeState.LOST)
-                    self._unwritten.add(name)
-                    turned.append(name)
+            ready = [n for n in self._nodes.values() if n.state is NodeState.READY]
+            silent = [
+                n for n in ready if now - self._last_seen.get(n.name, now) > self._lost_after_s
+            ]
+            held = self._silence_guard.holds(len(silent), len(ready))
+            self.silent_unjudged = len(silent) if held else 0
+            for node in [] if held else silent:
+                self._nodes[node.name] = dataclasses.replace(node, state=NodeState.LOST)
+                self._unwritten.add(node.name)
+                turned.append(node.name)
         self._flush_statuses()
         if turned:
             self._changed(liveness=True)

@@ -1,0 +1,141 @@
+"""A fleet that falls silent at once is the daemon's trouble, not the nodes' (issue 17's load
+bench lost all 1,000 nodes to a saturated daemon, and every Route then found no capacity).
+
+The registry's sweep on a real SQLite store with an injected clock, and the real daemon over
+gRPC: more than half of a fleet of ten or more silent past the timeout turns none of them
+lost; fewer, or a smaller fleet, turn lost as before."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fleetshift.v1 import fleet_pb2 as pb
+from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
+from fleetshift_common.config import ConfigError, DaemonConfig
+from fleetshift_daemon.app import Daemon
+from fleetshift_daemon.core.fleet import GpuInfo, InventorySource, NodeState, Registration
+from fleetshift_daemon.core.registry import Registry, SilenceGuard
+from fleetshift_daemon.store.database import make_engine, upgrade
+from fleetshift_daemon.store.registry_store import SqlRegistryStore
+
+from .test_registry_api import registration
+
+TIMEOUT_S = 5.0
+
+
+def fleet(tmp_path: Path, clock: list[float], nodes: int, guard: SilenceGuard) -> Registry:
+    engine = make_engine(f"sqlite:///{tmp_path / 'db'}")
+    upgrade(engine)
+    registry = Registry(SqlRegistryStore(engine), lambda: clock[0], TIMEOUT_S, silence_guard=guard)
+    gpu = GpuInfo(0, "NVIDIA H100 80GB HBM3", 80 << 30)
+    for i in range(nodes):
+        registry.register(
+            Registration(
+                f"n{i:02d}", "10.0.0.9:1", (gpu,), inventory_source=InventorySource.DECLARED
+            )
+        )
+    return registry
+
+
+def states(registry: Registry) -> dict[str, NodeState]:
+    return {n.name: n.state for n in registry.nodes()}
+
+
+def test_a_fleet_silent_at_once_is_spared_until_the_rest_is_heard_again(tmp_path: Path) -> None:
+    clock = [100.0]
+    registry = fleet(tmp_path, clock, 12, SilenceGuard())
+    clock[0] += TIMEOUT_S + 1  # the daemon heard nobody: a stall, or its network
+    assert registry.sweep() == []
+    assert set(states(registry).values()) == {NodeState.READY}
+    assert registry.silent_unjudged == 12
+    for i in range(11):  # heard again, all but one
+        registry.heartbeat(f"n{i:02d}")
+    assert registry.sweep() == ["n11"]  # one of twelve: that node's own trouble
+    assert states(registry)["n11"] is NodeState.LOST
+    assert registry.silent_unjudged == 0
+
+
+@pytest.mark.parametrize(("nodes", "silent"), [(12, 6), (12, 1), (9, 9), (2, 2), (1, 1)])
+def test_half_of_the_fleet_or_a_fleet_under_ten_turns_lost_as_before(
+    tmp_path: Path, nodes: int, silent: int
+) -> None:
+    clock = [100.0]
+    registry = fleet(tmp_path, clock, nodes, SilenceGuard())
+    clock[0] += TIMEOUT_S + 1
+    for i in range(silent, nodes):
+        registry.heartbeat(f"n{i:02d}")
+    assert sorted(registry.sweep()) == [f"n{i:02d}" for i in range(silent)]
+    assert registry.silent_unjudged == 0
+
+
+def test_fraction_one_turns_the_guard_off(tmp_path: Path) -> None:
+    clock = [100.0]
+    registry = fleet(tmp_path, clock, 12, SilenceGuard(fraction=1.0))
+    clock[0] += TIMEOUT_S + 1
+    assert len(registry.sweep()) == 12
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("mass_silence_fraction", 0.0), ("mass_silence_fraction", 1.5), ("mass_silence_min_nodes", 0)],
+)
+def test_bad_guard_settings_are_refused_by_name(key: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=key) as err:
+        DaemonConfig(**{key: value})  # type: ignore[arg-type]
+    assert err.value.field == key
+
+
+async def test_the_daemon_spares_a_silent_fleet_says_so_and_judges_a_lone_silence(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    config = DaemonConfig(
+        listen="127.0.0.1:0",
+        state_dir=str(tmp_path),
+        database_url=sqlite_url,
+        heartbeat_interval_s=0.2,
+        node_lost_after_s=1.0,
+        liveness_check_interval_s=0.1,
+    )
+    daemon = Daemon(config)
+    await daemon.start()
+    names = [f"node-{i:02d}" for i in range(10)]
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.port}") as ch:
+            agents, operator = pb_grpc.AgentRegistryStub(ch), pb_grpc.FleetOperatorStub(ch)
+            for name in names:
+                await agents.RegisterNode(registration(name))
+            await asyncio.sleep(2.0)  # all ten silent past the 1 s timeout, swept every 0.1 s
+            lost = await operator.ListNodes(pb.ListNodesRequest(state=pb.NODE_STATE_LOST))
+            assert list(lost.nodes) == []
+            assert unjudged(daemon) == 10
+
+            async def beat_all_but_the_last() -> None:
+                while True:
+                    for name in names[:-1]:
+                        await agents.Heartbeat(pb.HeartbeatRequest(node_name=name))
+                    await asyncio.sleep(0.2)
+
+            beating = asyncio.create_task(beat_all_but_the_last())
+            try:
+                for _ in range(50):
+                    await asyncio.sleep(0.1)
+                    lost = await operator.ListNodes(pb.ListNodesRequest(state=pb.NODE_STATE_LOST))
+                    if lost.nodes:
+                        break
+                assert [n.name for n in lost.nodes] == [names[-1]]
+                assert unjudged(daemon) == 0
+            finally:
+                beating.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beating
+    finally:
+        await daemon.stop(grace_s=0.1)
+
+
+def unjudged(daemon: Daemon) -> float | None:
+    return daemon.metrics.registry.get_sample_value("fleetshift_nodes_silent_unjudged")
