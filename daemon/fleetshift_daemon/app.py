@@ -48,6 +48,8 @@ from fleetshift_daemon.clients.fleet import GrpcFleetClient
 from fleetshift_daemon.core.execution import ExecutionSettings, Executor
 from fleetshift_daemon.core.fleet import NodeState
 from fleetshift_daemon.core.gpus import GpuCatalogue, default_catalogue
+from fleetshift_daemon.core.hearing import TICK_S as HEARING_TICK_S
+from fleetshift_daemon.core.hearing import HearingClock
 from fleetshift_daemon.core.leadership import Leadership, LeaseSettings
 from fleetshift_daemon.core.model_calibrations import Calibrations
 from fleetshift_daemon.core.moves import MoveLimits, MovePlanner
@@ -117,8 +119,12 @@ class Daemon:
     _fleet_metrics_at: float = -math.inf  # when the fleet gauges were last published
     _history_pruned_at: float = -math.inf  # by ``clock``, as the retention is
     _mass_silence: bool = False  # the silence guard spared nodes at the last sweep
+    hearing: HearingClock = field(init=False)  # liveness time: stalls of the loop left out
     _view_mark: tuple[str, ...] | None = None  # a follower's last read of the database...
     _view_read_at: float = -math.inf  # ...and when (monotonic)
+
+    def __post_init__(self) -> None:
+        self.hearing = HearingClock(self.clock)
 
     @property
     def port(self) -> int:
@@ -142,6 +148,7 @@ class Daemon:
             self.clock,
             cfg.node_lost_after_s,
             silence_guard=SilenceGuard(cfg.mass_silence_fraction, cfg.mass_silence_min_nodes),
+            hearing=self.hearing,
         )
         await asyncio.to_thread(self.registry.load)
         self.workers = WorkerTable(SqlWorkerStore(self.engine, fence), self.clock)
@@ -404,9 +411,16 @@ class Daemon:
             )
         scheduler.start()
         self._scheduler = scheduler
+        self._spawn("hearing ticker", self._tick_hearing())
         interval = watchdog_interval()
         if interval:
             self._spawn("systemd watchdog", self._ping_watchdog(interval))
+
+    async def _tick_hearing(self) -> None:
+        """Times the event loop's stalls for the liveness clock (core/hearing.py)."""
+        while True:
+            self.hearing.tick()
+            await asyncio.sleep(HEARING_TICK_S)
 
     def _spawn(self, name: str, job: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(job, name=f"fleetshiftd {name}")

@@ -79,9 +79,13 @@ class Registry:
         lost_after_s: float,
         limits: RegistrationLimits | None = None,
         silence_guard: SilenceGuard | None = None,
+        hearing: Callable[[], float] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
+        # Silences are timed on this clock (core/hearing.py: the wall clock minus the time
+        # the daemon's loop was stalled); record times stay on ``clock``.
+        self._hearing = hearing or clock
         self._lost_after_s = lost_after_s
         self._silence_guard = silence_guard or SilenceGuard()
         self.silent_unjudged = 0  # silent nodes the last sweep did not declare lost (the guard)
@@ -107,16 +111,16 @@ class Registry:
     def load(self) -> None:
         """Read the store into the view. Every node gets a full timeout from now before it can
         turn lost, so a daemon restart never declares healthy nodes lost."""
-        now = self._clock()
+        heard = self._hearing()
         with self._lock:
             self._nodes = {n.name: n for n in self._store.load_nodes()}
-            self._last_seen = dict.fromkeys(self._nodes, now)
+            self._last_seen = dict.fromkeys(self._nodes, heard)
 
     def refresh(self) -> bool:
         """A follower's catch-up with the store: durable fields (state, cordon, inventory)
         from the store, live ones (workers' counters, the latest heartbeat) kept from memory.
         Nodes it has not heard from get a full timeout from now, as in ``load``."""
-        now = self._clock()
+        heard = self._hearing()
         stored = self._store.load_nodes()
         with self._lock:
             fresh: dict[str, NodeRecord] = {}
@@ -128,7 +132,7 @@ class Registry:
                         node, workers=mine.workers, last_heartbeat_at=max(beats, default=None)
                     )
                 fresh[node.name] = node
-                self._last_seen.setdefault(node.name, now)
+                self._last_seen.setdefault(node.name, heard)
             changed = _durable(fresh) != _durable(self._nodes)
             self._nodes = fresh
         if changed:
@@ -154,7 +158,7 @@ class Registry:
             )
             self._store.save_node(node)
             self._nodes[node.name] = node
-            self._last_seen[node.name] = now
+            self._last_seen[node.name] = self._hearing()
             self._unflushed.pop(node.name, None)
         self._changed()
         return node, known is None
@@ -185,7 +189,7 @@ class Registry:
                 node, state=NodeState.READY, last_heartbeat_at=now, workers=tuple(workers)
             )
             self._nodes[name] = node
-            self._last_seen[name] = now
+            self._last_seen[name] = self._hearing()
             self._unflushed[name] = now
         if came_back:
             self._changed(liveness=True)
@@ -229,7 +233,7 @@ class Registry:
         """Flush heartbeat times and turn silent nodes `lost`, unless so many are silent at
         once that the daemon suspects itself (``SilenceGuard``; ``silent_unjudged`` says how
         many it spared); returns the names that turned."""
-        now = self._clock()
+        now = self._hearing()
         turned: list[str] = []
         self._flush_heartbeats()
         with self._lock:
