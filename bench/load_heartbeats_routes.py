@@ -23,6 +23,10 @@ before), ``stream`` the same requests through ``fleetshift_rpc.route_stream.Rout
 ``--baseline`` first runs the same load against one daemon on its own fresh PostgreSQL
 database (the same-run baseline for the replicas' figures).
 
+``--mass-silence-fractions 1.0,0.5`` runs the whole load once per value of the daemons'
+``mass_silence_fraction`` (1.0: the guard off, the same-run baseline; 0.5: the default), and
+counts the times the daemons declared a mass silence (their logs) beside the nodes lost.
+
 Targets (issue 6): no heartbeat lost, Route p99 < 10 ms, RSS flat after warm-up; issue 17: the
 same with two replicas. Baseline in the same run: the first minute's RSS against the last
 minute's (growth ratio).
@@ -83,15 +87,17 @@ PROBE_DIR = Path(__file__).parent / "loop_probe"
 
 
 def start_daemon(
-    tmp: Path, url: str, probe: str = "", src: str = ""
+    tmp: Path, url: str, probe: str = "", src: str = "", mass_silence: float | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
+    """``mass_silence`` None: the key is left out (a ``--before-src`` tree may not know it)."""
     config = tmp / "daemon.toml"
     config.write_text(
         f'listen = "127.0.0.1:0"\nstate_dir = "{tmp}"\nport_file = "{tmp / "port"}"\n'
         f'database_url = "{url}"\n'
         "heartbeat_interval_s = 1\nnode_lost_after_s = 10\nrate_limit_per_s = 1e9\n"
         "rate_limit_burst = 1000000000\n"
-        "[planner]\ninterval_s = 30\n"
+        + (f"mass_silence_fraction = {mass_silence}\n" if mass_silence is not None else "")
+        + "[planner]\ninterval_s = 30\n"
         '[[models]]\nname = "llama-70b"\npreset = "llama2-70b"\ntp_options = [4, 8]\n'
     )
     env = dict(os.environ)
@@ -342,15 +348,29 @@ def pct(values: list[float], q: float) -> float:
 
 
 def start_replicas(
-    tmp: Path, url: str, count: int, probe: bool = False, src: str = ""
+    tmp: Path,
+    url: str,
+    count: int,
+    probe: bool = False,
+    src: str = "",
+    mass_silence: float | None = None,
 ) -> list[tuple[subprocess.Popen[bytes], int]]:
     """``count`` daemons on one database (PostgreSQL for more than one)."""
     started = []
     for i in range(count):
         home = tmp / f"replica-{i}"
         home.mkdir()
-        started.append(start_daemon(home, url, str(home / "probe") if probe else "", src))
+        probe_out = str(home / "probe") if probe else ""
+        started.append(start_daemon(home, url, probe_out, src, mass_silence))
     return started
+
+
+def mass_silences(tmp: Path) -> int:
+    """How many times the replicas' silence guard started sparing nodes (their logs)."""
+    return sum(
+        log.read_text(errors="replace").count("suspecting this daemon")
+        for log in tmp.glob("replica-*/daemon.log")
+    )
 
 
 def in_window(events: list[Any], window: tuple[float, float]) -> list[Any]:
@@ -465,7 +485,12 @@ def report(load: Load, samples: list[tuple[float, float, int]], args: argparse.N
 
 
 def run_setup(
-    args: argparse.Namespace, replicas_count: int, db: str, modes: list[str], src: str = ""
+    args: argparse.Namespace,
+    replicas_count: int,
+    db: str,
+    modes: list[str],
+    src: str = "",
+    mass_silence: float | None = None,
 ) -> None:
     """Start ``replicas_count`` daemons on a fresh database, run the load once per Route
     client mode, report, and tear everything down."""
@@ -473,8 +498,12 @@ def run_setup(
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         url, db_name = make_database(db, tmp)
-        replicas = start_replicas(tmp, url, replicas_count, args.probe, src)
-        print(f"=== daemons from {src or 'this tree'}", flush=True)
+        replicas = start_replicas(tmp, url, replicas_count, args.probe, src, mass_silence)
+        print(
+            f"=== daemons from {src or 'this tree'}, mass_silence_fraction "
+            f"{'(their default)' if mass_silence is None else mass_silence}",
+            flush=True,
+        )
         address = ",".join(f"127.0.0.1:{port}" for _, port in replicas)
         pids = [proc.pid for proc, _ in replicas]
         try:
@@ -487,6 +516,7 @@ def run_setup(
                 samples = asyncio.run(load.run(pids, registered=i > 0))
                 print(f"--- mode {mode}" + (" (agents in a process of their own)" if split else ""))
                 report(load, samples, args)
+                print(f"mass silences the daemons declared (so far): {mass_silences(tmp)}")
                 if args.probe:
                     probe_report(load, pids, tmp)
         finally:
@@ -532,6 +562,12 @@ def main() -> None:
         help="first the same load against daemons run from this source tree (`git archive "
         "main daemon common proto | tar -x -C DIR`): a change's before and after in one run",
     )
+    parser.add_argument(
+        "--mass-silence-fractions",
+        default="0.5",
+        help="the daemons' mass_silence_fraction, a run each: 1.0 turns the guard off "
+        "(e.g. 1.0,0.5: the guard's same-run baseline first)",
+    )
     parser.add_argument("--agents-only", type=Path, help=argparse.SUPPRESS)  # split mode child
     parser.add_argument("--address", default="", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -556,7 +592,8 @@ def main() -> None:
         run_setup(args, 1, "postgresql", modes)
     if args.before_src:
         run_setup(args, replicas, db, modes, args.before_src)
-    run_setup(args, replicas, db, modes)
+    for fraction in (float(f) for f in args.mass_silence_fractions.split(",")):
+        run_setup(args, replicas, db, modes, mass_silence=fraction)
 
 
 if __name__ == "__main__":
