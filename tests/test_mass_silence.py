@@ -158,7 +158,9 @@ async def test_the_daemon_spares_a_silent_fleet_says_so_and_judges_a_lone_silenc
 
 def test_a_stall_of_the_daemon_is_not_the_nodes_silence(tmp_path: Path) -> None:
     clock = [100.0]
-    hearing = HearingClock(lambda: clock[0], tick_s=0.1, tolerance_s=0.05)
+    hearing = HearingClock(
+        lambda: clock[0], tick_s=0.1, tolerance_s=0.05, monotonic=lambda: clock[0]
+    )
     hearing.tick()
     registry = fleet(tmp_path, clock, 2, SilenceGuard(), hearing)  # heard at 100
     clock[0] = 106.0  # the daemon's loop stalled 6 s: no tick, no heartbeat read

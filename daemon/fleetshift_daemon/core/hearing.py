@@ -12,10 +12,14 @@ stall still in progress counts too (the time since the last tick beyond the same
 so a sweep that runs before the ticker has caught up already sees it. Liveness is judged on
 this clock; the times shown to operators stay on the wall clock. The price: a daemon that is
 deaf most of the time judges slowly, never falsely.
+
+Stalls are timed on a monotonic clock of their own, not on the daemon's (injected) clock: a
+test's manual clock jumping forward is time passing, not the loop stalling.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 TICK_S = 0.1
@@ -28,26 +32,27 @@ class HearingClock:
         clock: Callable[[], float],
         tick_s: float = TICK_S,
         tolerance_s: float = TOLERANCE_S,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._clock = clock
+        self._monotonic = monotonic
         self._allowance = tick_s + tolerance_s
         self._deaf_s = 0.0  # stalls already ended, in seconds
         self._last_tick: float | None = None
 
     def tick(self) -> None:
         """The loop ran the ticker now: a stall since the last tick has ended."""
-        now = self._clock()
+        now = self._monotonic()
         self._deaf_s += self._stall(now)
         self._last_tick = now
 
     @property
     def deaf_s(self) -> float:
         """Seconds the loop was deaf so far, the stall in progress included."""
-        return self._deaf_s + self._stall(self._clock())
+        return self._deaf_s + self._stall(self._monotonic())
 
     def __call__(self) -> float:
-        now = self._clock()
-        return now - self._deaf_s - self._stall(now)
+        return self._clock() - self.deaf_s
 
     def _stall(self, now: float) -> float:
         if self._last_tick is None:
