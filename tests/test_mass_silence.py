@@ -110,50 +110,38 @@ def test_bad_guard_settings_are_refused_by_name(key: str, value: float) -> None:
 
 
 async def test_the_daemon_spares_a_silent_fleet_says_so_and_judges_a_lone_silence(
-    tmp_path: Path, sqlite_url: str
+    daemon: Daemon,
 ) -> None:
-    config = DaemonConfig(
-        listen="127.0.0.1:0",
-        state_dir=str(tmp_path),
-        database_url=sqlite_url,
-        heartbeat_interval_s=0.2,
-        node_lost_after_s=1.0,
-        liveness_check_interval_s=0.1,
-    )
-    daemon = Daemon(config)
-    await daemon.start()
+    """The suite's daemon: lost after 1 s of silence, swept every 0.1 s."""
     names = [f"node-{i:02d}" for i in range(10)]
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.port}") as ch:
-            agents, operator = pb_grpc.AgentRegistryStub(ch), pb_grpc.FleetOperatorStub(ch)
-            for name in names:
-                await agents.RegisterNode(registration(name))
-            await asyncio.sleep(2.0)  # all ten silent past the 1 s timeout, swept every 0.1 s
-            lost = await operator.ListNodes(pb.ListNodesRequest(state=pb.NODE_STATE_LOST))
-            assert list(lost.nodes) == []
-            assert unjudged(daemon) == 10
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.port}") as ch:
+        agents, operator = pb_grpc.AgentRegistryStub(ch), pb_grpc.FleetOperatorStub(ch)
+        for name in names:
+            await agents.RegisterNode(registration(name))
+        await asyncio.sleep(2.0)  # all ten silent past the 1 s timeout
+        lost = await operator.ListNodes(pb.ListNodesRequest(state=pb.NODE_STATE_LOST))
+        assert list(lost.nodes) == []
+        assert unjudged(daemon) == 10
 
-            async def beat_all_but_the_last() -> None:
-                while True:
-                    for name in names[:-1]:
-                        await agents.Heartbeat(pb.HeartbeatRequest(node_name=name))
-                    await asyncio.sleep(0.2)
+        async def beat_all_but_the_last() -> None:
+            while True:
+                for name in names[:-1]:
+                    await agents.Heartbeat(pb.HeartbeatRequest(node_name=name))
+                await asyncio.sleep(0.2)
 
-            beating = asyncio.create_task(beat_all_but_the_last())
-            try:
-                for _ in range(50):
-                    await asyncio.sleep(0.1)
-                    lost = await operator.ListNodes(pb.ListNodesRequest(state=pb.NODE_STATE_LOST))
-                    if lost.nodes:
-                        break
-                assert [n.name for n in lost.nodes] == [names[-1]]
-                assert unjudged(daemon) == 0
-            finally:
-                beating.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await beating
-    finally:
-        await daemon.stop(grace_s=0.1)
+        beating = asyncio.create_task(beat_all_but_the_last())
+        try:
+            for _ in range(50):
+                await asyncio.sleep(0.1)
+                lost = await operator.ListNodes(pb.ListNodesRequest(state=pb.NODE_STATE_LOST))
+                if lost.nodes:
+                    break
+            assert [n.name for n in lost.nodes] == [names[-1]]
+            assert unjudged(daemon) == 0
+        finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
 
 
 def test_a_stall_of_the_daemon_is_not_the_nodes_silence(tmp_path: Path) -> None:
