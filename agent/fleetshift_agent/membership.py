@@ -3,8 +3,10 @@
 The loop registers, then heartbeats at the interval the daemon asks for. A daemon that is down
 or restarting is retried with capped exponential backoff and jitter; a daemon that answers
 NOT_FOUND to a heartbeat has lost or never had this node (a wiped database, a new replica) and
-is simply registered with again. Registration is idempotent on the daemon's side, so no
-operator action is ever needed after a restart of either process.
+is simply registered with again, and one that cannot be reached is registered with again
+once it can; one that answers too late (a heartbeat past its deadline) is only slow, and is
+heartbeaten on without registering again. Registration is idempotent on the daemon's side, so
+no operator action is ever needed after a restart of either process.
 
 ``daemon_address`` may list several daemon replicas ("a:1,b:2,c:3"). The agent then keeps one
 such loop per replica: every replica hears every heartbeat, so each one's in-memory view
@@ -183,7 +185,15 @@ class Membership:
     async def _heartbeat_until_lost(
         self, stub: pb_grpc.AgentRegistryStub, interval: float, address: str
     ) -> None:
-        """Returns when the daemon no longer knows the node; raises when it is unreachable."""
+        """Returns when the daemon no longer knows the node; raises when it is unreachable.
+
+        A heartbeat that times out is not a reason to register again: the daemon is there,
+        only slow (saturated, paused), and still has the node. Registering again cost it a
+        database write per node (the node and its GPU rows) at the moment it could not keep
+        up with heartbeats, so every agent's timeouts turned into heavier load; the agent now
+        heartbeats on at the interval and registers again only when the daemon says it does
+        not know the node, or cannot be reached at all."""
+        slow = False
         while True:
             await asyncio.sleep(interval)
             try:
@@ -196,7 +206,18 @@ class Membership:
                     )
                     self._set_registered(address, False)
                     return
-                raise
+                if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+                if not slow:
+                    log.warning(
+                        "heartbeat timed out: the daemon is slow; heartbeating on",
+                        extra={"daemon": address},
+                    )
+                slow = True
+                continue
+            if slow:
+                log.info("the daemon answers heartbeats again", extra={"daemon": address})
+                slow = False
 
 
 def _refused_finished_sessions(err: grpc.aio.AioRpcError) -> bool:
