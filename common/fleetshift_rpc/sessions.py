@@ -30,7 +30,17 @@ from fleetshift_rpc.route_stream import route_client
 # Opens (or lends) a channel to a worker endpoint; the default opens a fresh one per stream.
 ChannelFor = Callable[[str], AbstractAsyncContextManager[grpc.aio.Channel]]
 
-RELOCATABLE = (grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
+# A stream ended with one of these is followed to where the session lives now. CANCELLED
+# here is the worker's side ending the stream (a call the caller cancels raises
+# asyncio.CancelledError instead): no worker ends a session that way on purpose (a cancelled
+# session ends ABORTED), so it is a stream cut short, e.g. by a worker stopping; if the
+# session is really gone, LocateSession says so and the caller gets SessionLost.
+RELOCATABLE = (
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.CANCELLED,
+)
 
 
 class SessionLost(Exception):
