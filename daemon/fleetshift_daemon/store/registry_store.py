@@ -54,7 +54,7 @@ class SqlRegistryStore:
     def load_nodes(self) -> list[NodeRecord]:
         """Every node with its GPUs, read as plain rows in two statements: a follower does this
         on every registry change and at each full read, and through the ORM's unit of work
-        1,000 nodes and their 8,000 GPUs took several times as long (bench/registry_reads.py)."""
+        1,000 nodes and their 8,000 GPUs took twice the CPU (bench/registry_reads.py)."""
         nodes, gpus = NodeRow.__table__, GpuRow.__table__
         with self._sessions() as session:
             node_rows = session.execute(select(nodes).order_by(nodes.c.id)).all()
