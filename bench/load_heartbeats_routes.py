@@ -27,6 +27,11 @@ database (the same-run baseline for the replicas' figures).
 ``mass_silence_fraction`` (1.0: the guard off, the same-run baseline; 0.5: the default), and
 counts the times the daemons declared a mass silence (their logs) beside the nodes lost.
 
+``--heartbeat-timeouts 1,5`` runs the whole load once per agents' heartbeat deadline (seconds):
+1 s is what a real agent given several replicas used until 2026-12-05, 5 s what it uses now
+(``fleetshift_agent.membership.RPC_TIMEOUT_S``). A heartbeat past its deadline is one the daemon
+never hears.
+
 Targets (issue 6): no heartbeat lost, Route p99 < 10 ms, RSS flat after warm-up; issue 17: the
 same with two replicas. Baseline in the same run: the first minute's RSS against the last
 minute's (growth ratio).
@@ -158,6 +163,7 @@ class Load:
         seconds: float,
         route_client: str = "unary",
         split: bool = False,
+        heartbeat_timeout_s: float = 5.0,
     ) -> None:
         self.address, self.nodes, self.routes_per_s, self.seconds = (
             address,
@@ -167,6 +173,7 @@ class Load:
         )
         self.addresses = address.split(",")  # every replica: agents heartbeat each
         self.route_client = route_client
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         # True: the agents' heartbeats come from a process of their own, so the Route client's
         # event loop and core share are its own (the same load, a separate load generator).
         self.split = split
@@ -208,7 +215,7 @@ class Load:
         while time.perf_counter() < end:
             t0 = time.perf_counter()
             try:
-                await stub.Heartbeat(request, timeout=5)
+                await stub.Heartbeat(request, timeout=self.heartbeat_timeout_s)
                 self.hb_latency.append(time.perf_counter() - t0)
                 if last is not None:
                     self.hb_gaps.append(t0 - last)
@@ -266,6 +273,7 @@ class Load:
         cmd = [
             sys.executable, __file__, "--agents-only", str(out), "--address", self.address,
             "--nodes", str(self.nodes), "--minutes", str(self.seconds / 60),
+            "--heartbeat-timeouts", str(self.heartbeat_timeout_s),
         ]  # fmt: skip
         return subprocess.Popen(cmd)
 
@@ -491,6 +499,7 @@ def run_setup(
     modes: list[str],
     src: str = "",
     mass_silence: float | None = None,
+    heartbeat_timeout_s: float = 5.0,
 ) -> None:
     """Start ``replicas_count`` daemons on a fresh database, run the load once per Route
     client mode, report, and tear everything down."""
@@ -501,7 +510,8 @@ def run_setup(
         replicas = start_replicas(tmp, url, replicas_count, args.probe, src, mass_silence)
         print(
             f"=== daemons from {src or 'this tree'}, mass_silence_fraction "
-            f"{'(their default)' if mass_silence is None else mass_silence}",
+            f"{'(their default)' if mass_silence is None else mass_silence}, "
+            f"agents' heartbeat timeout {heartbeat_timeout_s:g} s",
             flush=True,
         )
         address = ",".join(f"127.0.0.1:{port}" for _, port in replicas)
@@ -511,7 +521,13 @@ def run_setup(
                 split = mode.endswith("-split")
                 client = mode.removesuffix("-split")
                 load = Load(
-                    address, args.nodes, args.routes_per_s, args.minutes * 60, client, split
+                    address,
+                    args.nodes,
+                    args.routes_per_s,
+                    args.minutes * 60,
+                    client,
+                    split,
+                    heartbeat_timeout_s,
                 )
                 samples = asyncio.run(load.run(pids, registered=i > 0))
                 print(f"--- mode {mode}" + (" (agents in a process of their own)" if split else ""))
@@ -528,7 +544,8 @@ def run_setup(
 
 def agents_only(args: argparse.Namespace) -> None:
     """The split mode's child: heartbeat every replica for ``--minutes``, write the figures."""
-    load = Load(args.address, args.nodes, 0.0, args.minutes * 60)
+    timeout_s = float(args.heartbeat_timeouts.split(",")[0])
+    load = Load(args.address, args.nodes, 0.0, args.minutes * 60, heartbeat_timeout_s=timeout_s)
     cpu0, start = time.process_time(), time.perf_counter()
     asyncio.run(load.agents_only(start + load.seconds))
     cores = (time.process_time() - cpu0) / (time.perf_counter() - start)
@@ -568,6 +585,12 @@ def main() -> None:
         help="the daemons' mass_silence_fraction, a run each: 1.0 turns the guard off "
         "(e.g. 1.0,0.5: the guard's same-run baseline first)",
     )
+    parser.add_argument(
+        "--heartbeat-timeouts",
+        default="5",
+        help="the agents' heartbeat deadline in seconds, a run each (e.g. 1,5: the 1 s cap a "
+        "real agent with replicas used before, then today's 5 s)",
+    )
     parser.add_argument("--agents-only", type=Path, help=argparse.SUPPRESS)  # split mode child
     parser.add_argument("--address", default="", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -592,8 +615,11 @@ def main() -> None:
         run_setup(args, 1, "postgresql", modes)
     if args.before_src:
         run_setup(args, replicas, db, modes, args.before_src)
-    for fraction in (float(f) for f in args.mass_silence_fractions.split(",")):
-        run_setup(args, replicas, db, modes, mass_silence=fraction)
+    for timeout_s in (float(t) for t in args.heartbeat_timeouts.split(",")):
+        for fraction in (float(f) for f in args.mass_silence_fractions.split(",")):
+            run_setup(
+                args, replicas, db, modes, mass_silence=fraction, heartbeat_timeout_s=timeout_s
+            )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
+from aiorwlock import RWLock
 
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
@@ -65,7 +66,7 @@ class Membership:
         max_message_bytes: int,
         credentials: grpc.ChannelCredentials | None = None,
         heartbeat_sent: Callable[[pb.HeartbeatRequest], None] = lambda request: None,
-        report_lock: asyncio.Lock | None = None,
+        report_lock: RWLock | None = None,
     ) -> None:
         self._addresses = split_addresses(daemon_address)
         self._registered_with: set[str] = set()
@@ -76,9 +77,9 @@ class Membership:
         self._max_message_bytes = max_message_bytes
         self._credentials = credentials
         self._heartbeat_sent = heartbeat_sent
-        # Held from building a heartbeat until the daemon has answered it: a worker start or
-        # stop that takes it too cannot be overtaken by a report built before it.
-        self._report_lock = report_lock or asyncio.Lock()
+        # Read-held from building a heartbeat until the daemon has answered it: a worker start
+        # or stop, which write-holds it, cannot be overtaken by a report built before it.
+        self._report_lock = report_lock or RWLock()
         self.registered = asyncio.Event()
         self.registrations = 0  # how many times this process registered (observability)
         self.interval_s = 1.0  # the heartbeat interval the daemon asked for at registration
@@ -139,10 +140,12 @@ class Membership:
         return self.interval_s
 
     async def _send_heartbeat(self, stub: pb_grpc.AgentRegistryStub, address: str) -> None:
-        # With several replicas the lock is shared by all their loops: one that does not
-        # answer must not hold the others (and worker starts) for the full RPC timeout.
-        timeout = RPC_TIMEOUT_S if len(self._addresses) == 1 else min(RPC_TIMEOUT_S, 1.0)
-        async with self._report_lock:
+        # Every replica's loop read-holds the lock at once, so one that does not answer holds
+        # up no other replica's heartbeats; each gets the full timeout, as a single daemon
+        # does. (A 1 s cap, when the loops took turns, timed out every heartbeat to a replica
+        # that queued them for over a second under load, and that replica lost the node.)
+        timeout = RPC_TIMEOUT_S
+        async with self._report_lock.reader:
             request = self._heartbeat()
             try:
                 await stub.Heartbeat(request, timeout=timeout)

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import grpc
+from aiorwlock import RWLock
 
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import worker_pb2 as wpb
@@ -148,10 +149,12 @@ class Supervisor:
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _gone: dict[str, WorkerProcess] = field(default_factory=dict)  # to report once more
     _stopping: set[str] = field(default_factory=set)  # not polled: they are shutting down
-    # Taken by the heartbeat from building its report until the daemon answered it, and here
-    # for the last step of a start or stop: the daemon hears of a worker serving or stopped
-    # from our answer first, and no report built before that change can arrive after it.
-    reporting: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Read-held by each heartbeat from building its report until the daemon answered it, and
+    # write-held here for the last step of a start or stop: the daemon hears of a worker
+    # serving or stopped from our answer first, and no report built before that change can
+    # arrive after it. Reports share it (one per daemon replica, in flight at once), so a
+    # replica that does not answer holds up no other replica's heartbeats, only a change.
+    reporting: RWLock = field(default_factory=RWLock)
     # Named places where a test can hold or kill the agent inside a start, stop or snapshot
     # (``fleetshift_common.failpoints``); unset in production.
     failpoints: Failpoints = field(default_factory=Failpoints)
@@ -262,7 +265,7 @@ class Supervisor:
                 tail = _tail(self._file(launch.worker_id, ".log"))
                 raise type(err)(f"{err.message}; log tail: {tail}", field=err.field) from None
             raise
-        async with self.reporting:
+        async with self.reporting.writer:
             worker = replace(worker, port=port, state=SERVING)
             self._record(worker)
             self.live[launch.worker_id] = WorkerLive(role=ROLES[launch.role])
@@ -359,7 +362,7 @@ class Supervisor:
         finally:
             self._stopping.discard(worker_id)
         await self.hit("agent:stop:stopped")  # the process is gone; the daemon not yet told
-        async with self.reporting:
+        async with self.reporting.writer:
             stopped = replace(worker, state=STOPPED)
             self._forget(worker_id)
             self._gone[worker_id] = stopped

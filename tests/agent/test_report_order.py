@@ -2,8 +2,8 @@
 
 A heartbeat is built from the agent's view of its workers and then sent; if a stop finished in
 between and its answer overtook the heartbeat, the daemon would record the worker stopped and
-then serving again (and route to it). The agent holds its report lock from building a heartbeat
-until the daemon answers it, and takes it for the last step of a start or stop.
+then serving again (and route to it). The agent read-holds its report lock from building a
+heartbeat until the daemon answers it, and write-holds it for the last step of a start or stop.
 
 The race is provoked, not waited for: the registry holds a heartbeat that says w0 serves, and a
 failpoint holds the stop right after the worker process is gone and before the daemon is told
@@ -98,7 +98,7 @@ async def test_a_heartbeat_built_before_a_stop_is_answered_before_the_stop(
             await asyncio.sleep(0.02)
         # The race: the worker is gone, the report that says it serves is still unanswered.
         assert not alive(pid)
-        assert agent.supervisor.reporting.locked()
+        assert agent.supervisor.reporting.reader.locked  # the report, in flight
         assert daemon.holding.is_set() and not daemon.release.is_set()
         marker.unlink()
         released_at = time.monotonic()

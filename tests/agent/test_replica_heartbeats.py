@@ -1,0 +1,120 @@
+"""An agent given several daemon replicas heartbeats each on its own, at the full timeout.
+
+Two real gRPC registries stand in for the replicas: one answers at once, the other takes
+1.5 s per heartbeat (a replica whose queue runs that long under load, as the load bench
+measured). The agent's real membership loop must keep the quick replica heard at the
+interval, and must let the slow one answer rather than give up after a second: a replica
+that never receives a heartbeat in time declares the node lost and routes nothing to it,
+although the node is healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+
+import pytest
+from aiorwlock import RWLock
+
+from fleetshift.v1 import fleet_pb2 as pb
+from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
+from fleetshift_agent.membership import Backoff, Membership
+
+from ..test_registry_api import registration
+from .fleet import serving_registry
+
+INTERVAL_MS = 100
+SLOW_ANSWER_S = 1.5
+RUN_S = 3.0
+
+
+class Replica(pb_grpc.AgentRegistryServicer):
+    """Plays one daemon replica: counts registrations, heartbeats answered, and heartbeats
+    whose caller gave up (the handler is cancelled when the client's deadline passes)."""
+
+    def __init__(self, answer_after_s: float) -> None:
+        self.answer_after_s = answer_after_s
+        self.registrations = 0
+        self.answered = 0
+        self.given_up = 0
+
+    async def RegisterNode(self, request, context):  # type: ignore[no-untyped-def]
+        self.registrations += 1
+        return pb.RegisterNodeResponse(
+            node=pb.Node(name=request.node_name),
+            heartbeat_interval_ms=INTERVAL_MS,
+            created=True,
+        )
+
+    async def Heartbeat(self, request, context):  # type: ignore[no-untyped-def]
+        try:
+            await asyncio.sleep(self.answer_after_s)
+        except asyncio.CancelledError:
+            self.given_up += 1
+            raise
+        self.answered += 1
+        return pb.HeartbeatResponse(state=pb.NODE_STATE_READY)
+
+
+@pytest.fixture
+async def replicas() -> AsyncIterator[tuple[Replica, Replica, str]]:
+    quick, slow = Replica(0.0), Replica(SLOW_ANSWER_S)
+    async with AsyncExitStack() as stack:
+        ports = [await stack.enter_async_context(serving_registry(r)) for r in (quick, slow)]
+        yield quick, slow, ",".join(f"127.0.0.1:{port}" for port in ports)
+
+
+async def test_a_slow_replica_neither_loses_the_node_nor_holds_up_the_others(
+    replicas: tuple[Replica, Replica, str],
+) -> None:
+    quick, slow, addresses = replicas
+    membership = Membership(
+        addresses,
+        registration=lambda: registration("node-r"),
+        heartbeat=lambda: pb.HeartbeatRequest(node_name="node-r"),
+        backoff=Backoff(0.05, 0.5),
+        max_message_bytes=4 << 20,
+    )
+    task = asyncio.create_task(membership.run())
+    try:
+        await asyncio.sleep(RUN_S)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    # The slow replica heard heartbeats, none timed out, and the agent never registered again.
+    assert slow.answered >= 1
+    assert slow.given_up == 0
+    assert slow.registrations == 1
+    # The quick replica was heard at about its interval all along (30 heartbeats at most in
+    # 3 s); taking turns with the slow one's 1.5 s answers would have allowed it a handful.
+    assert quick.answered >= 15, quick.answered
+    assert quick.registrations == 1
+
+
+async def test_a_worker_change_waits_for_a_report_in_flight_to_any_replica(
+    replicas: tuple[Replica, Replica, str],
+) -> None:
+    """The order the agent promises (no report built before a start or stop is answered after
+    it) holds with replicas too: the change waits for the slow replica's report in flight."""
+    _quick, slow, addresses = replicas
+    lock = RWLock()
+    membership = Membership(
+        addresses,
+        registration=lambda: registration("node-o"),
+        heartbeat=lambda: pb.HeartbeatRequest(node_name="node-o"),
+        backoff=Backoff(0.05, 0.5),
+        max_message_bytes=4 << 20,
+        report_lock=lock,
+    )
+    task = asyncio.create_task(membership.run())
+    try:
+        while slow.registrations == 0 or not lock.reader.locked:
+            await asyncio.sleep(0.01)
+        answered_before = slow.answered
+        async with lock.writer:  # what a worker start's or stop's last step takes
+            assert slow.answered > answered_before  # the report in flight was answered first
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
