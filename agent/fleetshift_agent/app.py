@@ -128,6 +128,7 @@ class Agent:
             tls.channel_credentials() if tls else None,
             heartbeat_sent=self._heartbeat_sent,
             report_lock=self.supervisor.reporting,
+            on_heartbeat=self.metrics.heartbeat,
         )
         self._tasks.append(asyncio.create_task(self.membership.run()))
         self._tasks.append(asyncio.create_task(self._poll_workers()))

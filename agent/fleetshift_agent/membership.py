@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,6 +68,7 @@ class Membership:
         credentials: grpc.ChannelCredentials | None = None,
         heartbeat_sent: Callable[[pb.HeartbeatRequest], None] = lambda request: None,
         report_lock: RWLock | None = None,
+        on_heartbeat: Callable[[str, str, float], None] = lambda daemon, outcome, s: None,
     ) -> None:
         self._addresses = split_addresses(daemon_address)
         self._registered_with: set[str] = set()
@@ -77,6 +79,9 @@ class Membership:
         self._max_message_bytes = max_message_bytes
         self._credentials = credentials
         self._heartbeat_sent = heartbeat_sent
+        # (replica, outcome, seconds) per heartbeat: what the node sees of each replica
+        # (AgentMetrics.heartbeat), so a slow replica shows from the agents' side too.
+        self._on_heartbeat = on_heartbeat
         # Read-held from building a heartbeat until the daemon has answered it: a worker start
         # or stop, which write-holds it, cannot be overtaken by a report built before it.
         self._report_lock = report_lock or RWLock()
@@ -199,9 +204,12 @@ class Membership:
         slow = False
         while True:
             await asyncio.sleep(interval)
+            started = time.monotonic()
             try:
                 await self._send_heartbeat(stub, address)
+                self._on_heartbeat(address, "answered", time.monotonic() - started)
             except grpc.aio.AioRpcError as err:
+                self._on_heartbeat(address, _outcome(err), time.monotonic() - started)
                 if err.code() == grpc.StatusCode.NOT_FOUND:
                     log.warning(
                         "daemon does not know this node; registering again",
@@ -221,6 +229,14 @@ class Membership:
             if slow:
                 log.info("the daemon answers heartbeats again", extra={"daemon": address})
                 slow = False
+
+
+def _outcome(err: grpc.aio.AioRpcError) -> str:
+    return {
+        grpc.StatusCode.DEADLINE_EXCEEDED: "timed_out",
+        grpc.StatusCode.UNAVAILABLE: "unreachable",
+        grpc.StatusCode.NOT_FOUND: "not_found",
+    }.get(err.code(), "refused")
 
 
 def _refused_finished_sessions(err: grpc.aio.AioRpcError) -> bool:

@@ -32,6 +32,9 @@ ROUTE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0
 LAG_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0)
 # Snapshots span a small test model (kB) to a 70B model's weights and KV cache (100s of GB).
 SIZE_BUCKETS = tuple(float(4**i * 1024) for i in range(2, 16))  # 16 KiB .. 1 TiB
+# A heartbeat's round trip: milliseconds when the daemon keeps up, seconds when it queues, up to
+# the agent's 5 s deadline.
+HEARTBEAT_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 OPERATION_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 
@@ -334,7 +337,27 @@ class AgentMetrics:
             ["direction"],
             registry=r,
         )
+        self.heartbeats = Counter(
+            "fleetshift_agent_heartbeats",
+            "Heartbeats this agent sent, per daemon replica and outcome (answered, timed_out: "
+            "the daemon is there but slow; unreachable; not_found: it lost the node; refused)",
+            ["daemon", "outcome"],
+            registry=r,
+        )
+        self.heartbeat_round_trip = Histogram(
+            "fleetshift_agent_heartbeat_seconds",
+            "Round trip of an answered heartbeat, per daemon replica (the daemon's queue, seen "
+            "from the node)",
+            ["daemon"],
+            buckets=HEARTBEAT_BUCKETS,
+            registry=r,
+        )
         self.rpc_refused = _rpc_refused(r)
+
+    def heartbeat(self, daemon: str, outcome: str, seconds: float) -> None:
+        self.heartbeats.labels(daemon=daemon, outcome=outcome).inc()
+        if outcome == "answered":
+            self.heartbeat_round_trip.labels(daemon=daemon).observe(seconds)
 
     def set_workers(self, counts: Mapping[tuple[str, str], int]) -> None:
         """Replace the worker gauge: ``counts[(role, state)]``."""

@@ -19,7 +19,9 @@ from aiorwlock import RWLock
 
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
+from fleetshift_agent import membership as membership_module
 from fleetshift_agent.membership import Backoff, Membership
+from fleetshift_rpc.metrics import AgentMetrics
 
 from ..test_registry_api import registration
 from .fleet import serving_registry
@@ -118,3 +120,44 @@ async def test_a_worker_change_waits_for_a_report_in_flight_to_any_replica(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_agent_counts_each_replicas_heartbeats_by_outcome(
+    replicas: tuple[Replica, Replica, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What an operator reads from the agents' /metrics: the quick replica answered, the one
+    slower than the deadline timed out, each under its own address."""
+    monkeypatch.setattr(membership_module, "RPC_TIMEOUT_S", 0.5)  # below the slow one's 1.5 s
+    _quick, slow, addresses = replicas
+    quick_address, slow_address = addresses.split(",")
+    metrics = AgentMetrics("node-m")
+    membership = Membership(
+        addresses,
+        registration=lambda: registration("node-m"),
+        heartbeat=lambda: pb.HeartbeatRequest(node_name="node-m"),
+        backoff=Backoff(0.05, 0.5),
+        max_message_bytes=4 << 20,
+        on_heartbeat=metrics.heartbeat,
+    )
+    task = asyncio.create_task(membership.run())
+    try:
+        await asyncio.sleep(2.0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    def sample(name: str, **labels: str) -> float:
+        value = metrics.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+    heartbeats = "fleetshift_agent_heartbeats_total"
+    assert sample(heartbeats, daemon=quick_address, outcome="answered") >= 5
+    assert sample(heartbeats, daemon=quick_address, outcome="timed_out") == 0
+    assert sample(heartbeats, daemon=slow_address, outcome="timed_out") >= 1
+    assert sample(heartbeats, daemon=slow_address, outcome="answered") == 0
+    assert slow.given_up >= 1 and slow.registrations == 1  # timed out, not registered again
+    round_trips = "fleetshift_agent_heartbeat_seconds_count"
+    assert sample(round_trips, daemon=quick_address) == sample(
+        heartbeats, daemon=quick_address, outcome="answered"
+    )
+    assert sample(round_trips, daemon=slow_address) == 0
