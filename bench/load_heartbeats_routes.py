@@ -32,6 +32,11 @@ counts the times the daemons declared a mass silence (their logs) beside the nod
 (``fleetshift_agent.membership.RPC_TIMEOUT_S``). A heartbeat past its deadline is one the daemon
 never hears.
 
+``--heartbeat-clients unary,stream`` runs the whole load once per way the agents heartbeat:
+``stream`` one HeartbeatStream call per agent and replica (``fleetshift_rpc.heartbeat_stream``,
+what a real agent does since 2026-12-05; the default), ``unary`` one Heartbeat call per
+heartbeat (what it did before: the same-run baseline).
+
 Targets (issue 6): no heartbeat lost, Route p99 < 10 ms, RSS flat after warm-up; issue 17: the
 same with two replicas. Baseline in the same run: the first minute's RSS against the last
 minute's (growth ratio).
@@ -60,6 +65,7 @@ from fleetshift.v1 import fleet_pb2 as fpb
 from fleetshift.v1 import fleet_pb2_grpc as fpb_grpc
 from fleetshift.v1 import placement_pb2 as pb
 from fleetshift.v1 import placement_pb2_grpc as pb_grpc
+from fleetshift_rpc.heartbeat_stream import HeartbeatSender
 from fleetshift_rpc.replicas import aio_daemon_channel
 from fleetshift_rpc.route_stream import route_client
 
@@ -164,6 +170,7 @@ class Load:
         route_client: str = "unary",
         split: bool = False,
         heartbeat_timeout_s: float = 5.0,
+        heartbeat_client: str = "stream",
     ) -> None:
         self.address, self.nodes, self.routes_per_s, self.seconds = (
             address,
@@ -174,6 +181,7 @@ class Load:
         self.addresses = address.split(",")  # every replica: agents heartbeat each
         self.route_client = route_client
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.heartbeat_client = heartbeat_client
         # True: the agents' heartbeats come from a process of their own, so the Route client's
         # event loop and core share are its own (the same load, a separate load generator).
         self.split = split
@@ -209,13 +217,19 @@ class Load:
 
     async def agent(self, ch: grpc.aio.Channel, n: int, end: float) -> None:
         stub = fpb_grpc.AgentRegistryStub(ch)
+        sender = HeartbeatSender(ch)
+        beat = (
+            sender.send
+            if self.heartbeat_client == "stream"
+            else lambda r, timeout: stub.Heartbeat(r, timeout=timeout)
+        )
         request = fpb.HeartbeatRequest(node_name=f"node-{n:04d}", workers=statuses(n))
         await asyncio.sleep(random.random())
         last = None
         while time.perf_counter() < end:
             t0 = time.perf_counter()
             try:
-                await stub.Heartbeat(request, timeout=self.heartbeat_timeout_s)
+                await beat(request, timeout=self.heartbeat_timeout_s)
                 self.hb_latency.append(time.perf_counter() - t0)
                 if last is not None:
                     self.hb_gaps.append(t0 - last)
@@ -274,6 +288,7 @@ class Load:
             sys.executable, __file__, "--agents-only", str(out), "--address", self.address,
             "--nodes", str(self.nodes), "--minutes", str(self.seconds / 60),
             "--heartbeat-timeouts", str(self.heartbeat_timeout_s),
+            "--heartbeat-clients", self.heartbeat_client,
         ]  # fmt: skip
         return subprocess.Popen(cmd)
 
@@ -500,6 +515,7 @@ def run_setup(
     src: str = "",
     mass_silence: float | None = None,
     heartbeat_timeout_s: float = 5.0,
+    heartbeat_client: str = "stream",
 ) -> None:
     """Start ``replicas_count`` daemons on a fresh database, run the load once per Route
     client mode, report, and tear everything down."""
@@ -511,7 +527,7 @@ def run_setup(
         print(
             f"=== daemons from {src or 'this tree'}, mass_silence_fraction "
             f"{'(their default)' if mass_silence is None else mass_silence}, "
-            f"agents' heartbeat timeout {heartbeat_timeout_s:g} s",
+            f"agents' heartbeat timeout {heartbeat_timeout_s:g} s, heartbeats {heartbeat_client}",
             flush=True,
         )
         address = ",".join(f"127.0.0.1:{port}" for _, port in replicas)
@@ -528,6 +544,7 @@ def run_setup(
                     client,
                     split,
                     heartbeat_timeout_s,
+                    heartbeat_client,
                 )
                 samples = asyncio.run(load.run(pids, registered=i > 0))
                 print(f"--- mode {mode}" + (" (agents in a process of their own)" if split else ""))
@@ -545,7 +562,14 @@ def run_setup(
 def agents_only(args: argparse.Namespace) -> None:
     """The split mode's child: heartbeat every replica for ``--minutes``, write the figures."""
     timeout_s = float(args.heartbeat_timeouts.split(",")[0])
-    load = Load(args.address, args.nodes, 0.0, args.minutes * 60, heartbeat_timeout_s=timeout_s)
+    load = Load(
+        args.address,
+        args.nodes,
+        0.0,
+        args.minutes * 60,
+        heartbeat_timeout_s=timeout_s,
+        heartbeat_client=args.heartbeat_clients.split(",")[0],
+    )
     cpu0, start = time.process_time(), time.perf_counter()
     asyncio.run(load.agents_only(start + load.seconds))
     cores = (time.process_time() - cpu0) / (time.perf_counter() - start)
@@ -591,6 +615,12 @@ def main() -> None:
         help="the agents' heartbeat deadline in seconds, a run each (e.g. 1,5: the 1 s cap a "
         "real agent with replicas used before, then today's 5 s)",
     )
+    parser.add_argument(
+        "--heartbeat-clients",
+        default="stream",
+        help="how the agents heartbeat, a run each: stream (HeartbeatStream, what agents do), "
+        "unary (one call per heartbeat, the baseline before 2026-12-05); e.g. unary,stream",
+    )
     parser.add_argument("--agents-only", type=Path, help=argparse.SUPPRESS)  # split mode child
     parser.add_argument("--address", default="", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -609,17 +639,26 @@ def main() -> None:
     known = {"unary", "stream", "unary-split", "stream-split"}
     if set(modes) - known:
         parser.error(f"--route-clients: unknown {sorted(set(modes) - known)}")
+    if set(args.heartbeat_clients.split(",")) - {"unary", "stream"}:
+        parser.error("--heartbeat-clients: unary and/or stream")
     print(f"load average at start: {os.getloadavg()[0]:.1f}", flush=True)
     replicas, db = args.replicas, args.db
     if args.baseline:
         run_setup(args, 1, "postgresql", modes)
     if args.before_src:
         run_setup(args, replicas, db, modes, args.before_src)
-    for timeout_s in (float(t) for t in args.heartbeat_timeouts.split(",")):
-        for fraction in (float(f) for f in args.mass_silence_fractions.split(",")):
-            run_setup(
-                args, replicas, db, modes, mass_silence=fraction, heartbeat_timeout_s=timeout_s
-            )
+    for client in args.heartbeat_clients.split(","):
+        for timeout_s in (float(t) for t in args.heartbeat_timeouts.split(",")):
+            for fraction in (float(f) for f in args.mass_silence_fractions.split(",")):
+                run_setup(
+                    args,
+                    replicas,
+                    db,
+                    modes,
+                    mass_silence=fraction,
+                    heartbeat_timeout_s=timeout_s,
+                    heartbeat_client=client,
+                )
 
 
 if __name__ == "__main__":

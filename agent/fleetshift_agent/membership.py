@@ -12,7 +12,10 @@ no operator action is ever needed after a restart of either process.
 such loop per replica: every replica hears every heartbeat, so each one's in-memory view
 (liveness, counters, sessions, which Route and LocateSession read) is current, the leader's
 liveness sweep never depends on which replica an agent picked, and a takeover needs no
-redirect: the new leader has been hearing the agents all along (docs/replicas.md).
+redirect: the new leader has been hearing the agents all along (docs/replicas.md). Each
+loop sends its heartbeats as messages on one HeartbeatStream call it keeps open
+(``fleetshift_rpc.heartbeat_stream``: a call per heartbeat cost the daemon more than the
+heartbeat), with unary Heartbeat's answers and errors, so nothing below depends on which.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from aiorwlock import RWLock
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift_common.config import split_addresses
+from fleetshift_rpc.heartbeat_stream import HeartbeatSender
 from fleetshift_rpc.server import channel
 
 log = logging.getLogger("fleetshift.agent.membership")
@@ -112,12 +116,13 @@ class Membership:
             reconnect_max_s=self._backoff.max_s,
         ) as ch:
             stub = pb_grpc.AgentRegistryStub(ch)
+            sender = HeartbeatSender(ch)  # one long-lived call per replica (heartbeat_stream)
             delays = self._backoff.delays()
             while True:
                 try:
                     interval = await self._register(stub, address)
                     delays = self._backoff.delays()
-                    await self._heartbeat_until_lost(stub, interval, address)
+                    await self._heartbeat_until_lost(sender, interval, address)
                 except grpc.aio.AioRpcError as err:
                     self._set_registered(address, False)
                     delay = delays.next()
@@ -144,7 +149,7 @@ class Membership:
         self.interval_s = max(reply.heartbeat_interval_ms, 100) / 1000
         return self.interval_s
 
-    async def _send_heartbeat(self, stub: pb_grpc.AgentRegistryStub, address: str) -> None:
+    async def _send_heartbeat(self, sender: HeartbeatSender, address: str) -> None:
         # Every replica's loop read-holds the lock at once, so one that does not answer holds
         # up no other replica's heartbeats; each gets the full timeout, as a single daemon
         # does. (A 1 s cap, when the loops took turns, timed out every heartbeat to a replica
@@ -153,7 +158,7 @@ class Membership:
         async with self._report_lock.reader:
             request = self._heartbeat()
             try:
-                await stub.Heartbeat(request, timeout=timeout)
+                await sender.send(request, timeout)
             except grpc.aio.AioRpcError as err:
                 if not _refused_finished_sessions(err):
                     raise
@@ -166,7 +171,7 @@ class Membership:
                     extra={"daemon": address},
                 )
                 request = _without_finished_sessions(request)
-                await stub.Heartbeat(request, timeout=timeout)
+                await sender.send(request, timeout)
             self._acknowledged(address, request)
 
     def _acknowledged(self, address: str, request: pb.HeartbeatRequest) -> None:
@@ -191,7 +196,7 @@ class Membership:
             seen -= everywhere
 
     async def _heartbeat_until_lost(
-        self, stub: pb_grpc.AgentRegistryStub, interval: float, address: str
+        self, sender: HeartbeatSender, interval: float, address: str
     ) -> None:
         """Returns when the daemon no longer knows the node; raises when it is unreachable.
 
@@ -206,7 +211,7 @@ class Membership:
             await asyncio.sleep(interval)
             started = time.monotonic()
             try:
-                await self._send_heartbeat(stub, address)
+                await self._send_heartbeat(sender, address)
                 self._on_heartbeat(address, "answered", time.monotonic() - started)
             except grpc.aio.AioRpcError as err:
                 self._on_heartbeat(address, _outcome(err), time.monotonic() - started)

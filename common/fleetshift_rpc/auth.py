@@ -82,6 +82,7 @@ METHOD_ACCESS: Mapping[str, Access] = types.MappingProxyType(
         "/grpc.reflection.v1.ServerReflection/*": _A.PUBLIC,
         "/fleetshift.v1.AgentRegistry/RegisterNode": _A.AGENT,
         "/fleetshift.v1.AgentRegistry/Heartbeat": _A.AGENT,
+        "/fleetshift.v1.AgentRegistry/HeartbeatStream": _A.AGENT,
         "/fleetshift.v1.FleetOperator/ListNodes": _A.OPERATOR_READ,
         "/fleetshift.v1.FleetOperator/GetNode": _A.OPERATOR_READ,
         "/fleetshift.v1.FleetOperator/CordonNode": _A.OPERATOR_WRITE,
@@ -204,7 +205,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return None  # unknown method: grpc answers UNIMPLEMENTED
         method: str = handler_call_details.method
         kind = _handler_kind(handler)
-        return handler._replace(**{kind: self._wrap(getattr(handler, kind), method)})
+        behavior = self._wrap(getattr(handler, kind), method, handler.request_streaming)
+        return handler._replace(**{kind: behavior})
 
     # --- deciding -----------------------------------------------------------------------------
 
@@ -240,16 +242,41 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         # only authorized calls of an unlimited class skip the bucket.
         if self._limiter is None or (refusal is None and access in self._policy.unlimited):
             return refusal
+        return self._over_limit(principal) or refusal
+
+    def _over_limit(self, principal: Principal) -> Refusal | None:
+        assert self._limiter is not None
         key = _limit_key(principal)
         decision = self._limiter.check(key)
-        if not decision.allowed:
-            ms = decision.retry_after_ms
-            return Refusal(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"rate limit for {key} exceeded; retry in {ms} ms",
-                ((RETRY_AFTER_KEY, str(ms)),),
-            )
-        return refusal
+        if decision.allowed:
+            return None
+        ms = decision.retry_after_ms
+        return Refusal(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"rate limit for {key} exceeded; retry in {ms} ms",
+            ((RETRY_AFTER_KEY, str(ms)),),
+        )
+
+    async def _metered(
+        self, requests: AsyncIterator[Any], method: str, context: Context
+    ) -> AsyncIterator[Any]:
+        """A limited caller's stream messages after the first, each counted like a call: a
+        stream must not be a way around the bucket (HeartbeatStream is one call for a node's
+        every heartbeat). The first was counted when the call was admitted."""
+        principal, _ = self.identify(context)
+        limited = self._limiter is not None and (
+            self._policy.access_for(method) not in self._policy.unlimited
+        )
+        first = True
+        async for request in requests:
+            if limited and not first:
+                refusal = self._over_limit(principal)
+                if refusal is not None:
+                    await context.abort(
+                        refusal.code, refusal.message, trailing_metadata=refusal.trailing
+                    )
+            first = False
+            yield request
 
     def _authorize(
         self, method: str, access: Access, principal: Principal, bad_token: bool
@@ -298,11 +325,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     # --- wrapping the four handler shapes -----------------------------------------------------
 
-    def _wrap(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    def _wrap(
+        self, behavior: Callable[..., Any], method: str, request_streaming: bool
+    ) -> Callable[..., Any]:
         if inspect.isasyncgenfunction(behavior):
 
             async def streaming(request: Any, context: Context) -> AsyncIterator[Any]:
                 token = await self._admit(method, context)
+                if request_streaming:
+                    request = self._metered(request, method, context)
                 try:
                     async for item in behavior(request, context):
                         yield item

@@ -32,12 +32,15 @@ RUN_S = 3.0
 
 
 class Replica(pb_grpc.AgentRegistryServicer):
-    """Plays one daemon replica: counts registrations, heartbeats answered, and heartbeats
-    whose caller gave up (the handler is cancelled when the client's deadline passes)."""
+    """Plays one daemon replica without HeartbeatStream (a daemon older than it: the agent
+    falls back to unary Heartbeat): counts registrations, heartbeats received and answered,
+    and heartbeats whose caller gave up (the handler is cancelled when the client's deadline
+    passes, or when it cancels the stream)."""
 
     def __init__(self, answer_after_s: float) -> None:
         self.answer_after_s = answer_after_s
         self.registrations = 0
+        self.received = 0
         self.answered = 0
         self.given_up = 0
 
@@ -50,6 +53,10 @@ class Replica(pb_grpc.AgentRegistryServicer):
         )
 
     async def Heartbeat(self, request, context):  # type: ignore[no-untyped-def]
+        return await self.answer()
+
+    async def answer(self) -> pb.HeartbeatResponse:
+        self.received += 1
         try:
             await asyncio.sleep(self.answer_after_s)
         except asyncio.CancelledError:
@@ -59,9 +66,19 @@ class Replica(pb_grpc.AgentRegistryServicer):
         return pb.HeartbeatResponse(state=pb.NODE_STATE_READY)
 
 
-@pytest.fixture
-async def replicas() -> AsyncIterator[tuple[Replica, Replica, str]]:
-    quick, slow = Replica(0.0), Replica(SLOW_ANSWER_S)
+class StreamReplica(Replica):
+    """The same with HeartbeatStream, as today's daemon serves it."""
+
+    async def HeartbeatStream(self, requests, context):  # type: ignore[no-untyped-def]
+        await context.send_initial_metadata(())
+        async for _request in requests:
+            yield await self.answer()
+
+
+@pytest.fixture(params=["stream", "unary"])
+async def replicas(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Replica, Replica, str]]:
+    kind = StreamReplica if request.param == "stream" else Replica
+    quick, slow = kind(0.0), kind(SLOW_ANSWER_S)
     async with AsyncExitStack() as stack:
         ports = [await stack.enter_async_context(serving_registry(r)) for r in (quick, slow)]
         yield quick, slow, ",".join(f"127.0.0.1:{port}" for port in ports)
@@ -112,7 +129,7 @@ async def test_a_worker_change_waits_for_a_report_in_flight_to_any_replica(
     )
     task = asyncio.create_task(membership.run())
     try:
-        while slow.registrations == 0 or not lock.reader.locked:
+        while slow.received <= slow.answered:  # until a heartbeat to it is in flight
             await asyncio.sleep(0.01)
         answered_before = slow.answered
         async with lock.writer:  # what a worker start's or stop's last step takes

@@ -13,6 +13,7 @@ import pytest
 import fleetshift.v1
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift_rpc.auth import METHOD_ACCESS, Access, AuthPolicy
+from fleetshift_rpc.heartbeat_stream import HeartbeatSender
 from tests.security.conftest import Certs, registration, secure_fleet
 
 Code = grpc.StatusCode
@@ -52,6 +53,26 @@ async def test_node_cannot_register_or_heartbeat_as_another(
             assert "'node-a'" in err.details() and "'node-b'" in err.details()
         (node_b,) = fleet.registry.nodes()
         assert node_b.name == "node-b" and node_b.agent_address == "127.0.0.1:50052"
+
+
+async def test_node_cannot_heartbeat_as_another_over_a_heartbeat_stream(
+    tmp_path: Path, certs: Certs
+) -> None:
+    """The stream checks the node's identity per message, as unary Heartbeat does per call."""
+    async with secure_fleet(tmp_path, certs) as fleet:
+        async with fleet.channel(certs.node_b) as ch_b:
+            await fleet.agents(ch_b).RegisterNode(registration("node-b"))
+        async with fleet.channel(certs.node_a) as ch:
+            await fleet.agents(ch).RegisterNode(registration("node-a"))
+            sender = HeartbeatSender(ch)
+            beat = await sender.send(pb.HeartbeatRequest(node_name="node-a"), timeout=10)
+            assert beat.state == pb.NODE_STATE_READY
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await sender.send(pb.HeartbeatRequest(node_name="node-b"), timeout=10)
+            assert err.value.code() == Code.PERMISSION_DENIED
+            assert "'node-a'" in err.value.details() and "'node-b'" in err.value.details()
+            sender.close()
+        assert sender.calls_opened == 1 and not sender.unary
 
 
 async def test_agent_certificate_cannot_call_operator_methods(

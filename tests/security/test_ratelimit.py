@@ -12,6 +12,7 @@ import pytest
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift_common.config import ConfigError
 from fleetshift_rpc.auth import RETRY_AFTER_KEY
+from fleetshift_rpc.heartbeat_stream import HeartbeatSender
 from fleetshift_rpc.ratelimit import RateLimit, RateLimiter
 from fleetshift_rpc.security import OperatorTokens, hash_token
 from tests.security.conftest import Certs, registration, secure_fleet
@@ -55,6 +56,38 @@ async def test_burst_is_refused_with_a_retry_hint_then_served_again(
         await asyncio.sleep(hint / 1000 + 0.02)
         reply = await agents.Heartbeat(beat)
         assert reply.state == pb.NODE_STATE_READY
+
+
+async def test_a_heartbeat_stream_counts_each_message_against_the_bucket(
+    tmp_path: Path, certs: Certs
+) -> None:
+    """One HeartbeatStream call carries all of a node's heartbeats: were the bucket charged per
+    call only, a runaway agent could flood the daemon on one stream."""
+    limit = RateLimit(rate_per_s=4.0, burst=5, max_clients=100)
+    async with (
+        secure_fleet(tmp_path, certs, limit=limit) as fleet,
+        fleet.channel(certs.node_a) as ch,
+    ):
+        await fleet.agents(ch).RegisterNode(registration("node-a"))
+        sender = HeartbeatSender(ch)
+        beat = pb.HeartbeatRequest(node_name="node-a")
+        outcomes: list[object] = []
+        for _ in range(10):
+            try:
+                await sender.send(beat, timeout=10)
+                outcomes.append("ok")
+            except grpc.aio.AioRpcError as err:
+                outcomes.append(err)
+        refused = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
+        # the registration took one token and the call's admission the first message's
+        assert outcomes[:4] == ["ok"] * 4 and refused
+        assert all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused)
+        assert "rate limit for" in refused[0].details()
+        await asyncio.sleep(0.6)  # two tokens back at 4/s: a new call and its first message
+        reply = await sender.send(beat, timeout=10)
+        assert reply.state == pb.NODE_STATE_READY
+        sender.close()
+        assert not sender.unary
 
 
 async def test_table_stays_bounded_under_many_distinct_clients(

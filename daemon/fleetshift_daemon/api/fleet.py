@@ -8,21 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
-from fleetshift_common.errors import InvalidArgument
+from fleetshift_common.errors import FleetShiftError, InvalidArgument
 from fleetshift_daemon.api import convert
 from fleetshift_daemon.core.placement import PlacementService
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.core.workers import WorkerTable
-from fleetshift_rpc.errors import rpc_errors
+from fleetshift_rpc.errors import rpc_errors, status_for
 from fleetshift_rpc.metrics import DaemonMetrics
 from fleetshift_rpc.security import require_node_identity
 from fleetshift_rpc.server import ServiceBinding
+from fleetshift_rpc.validation import check_request
 
 log = logging.getLogger("fleetshift.daemon.api")
 
@@ -62,6 +63,31 @@ class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.HeartbeatResponse:
+        return self._heartbeat(request)
+
+    async def HeartbeatStream(
+        self, requests: AsyncIterator[pb.HeartbeatRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.HeartbeatResponse]:
+        """Each heartbeat of the call answered as unary Heartbeat answers it, in order. One
+        Heartbeat would refuse ends the call with Heartbeat's status: the agent acts on it as
+        on a unary refusal (registers again on NOT_FOUND, drops finished sessions on their
+        INVALID_ARGUMENT) and opens a new call. Bounds are checked here, per message: the
+        RequestBounds interceptor sees a stream's messages only as they decode. The headers
+        go out at once, so the agent can tell this from a daemon without the method."""
+        await context.send_initial_metadata(())
+        async for request in requests:
+            try:
+                check_request(request)
+                reply = self._heartbeat(request)
+            except FleetShiftError as err:
+                await context.abort(status_for(err), err.message)
+            except Exception:
+                log.exception("unexpected error in a HeartbeatStream")
+                await context.abort(grpc.StatusCode.INTERNAL, "internal error in HeartbeatStream")
+            yield reply
+
+    def _heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+        """One heartbeat, however it came; memory only (no store write, no await)."""
         require_node_identity(request.node_name)
         reports = [convert.worker_report(w, f"workers[{i}]") for i, w in enumerate(request.workers)]
         if self._placement is not None:  # a bad finished session refuses it all, first

@@ -45,6 +45,11 @@ class AgentRegistryStub:
                 request_serializer=fleetshift_dot_v1_dot_fleet__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=fleetshift_dot_v1_dot_fleet__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.HeartbeatStream = channel.stream_stream(
+                '/fleetshift.v1.AgentRegistry/HeartbeatStream',
+                request_serializer=fleetshift_dot_v1_dot_fleet__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=fleetshift_dot_v1_dot_fleet__pb2.HeartbeatResponse.FromString,
+                _registered_method=True)
 
 
 class AgentRegistryServicer:
@@ -65,6 +70,18 @@ class AgentRegistryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HeartbeatStream(self, request_iterator, context):
+        """A node's heartbeats over one long-lived call: each request is answered by one response,
+        in order, as unary Heartbeat answers it. A heartbeat Heartbeat would refuse ends the call
+        with the status Heartbeat ends with (NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED ...);
+        the agent opens a new one for its next heartbeat. Saves gRPC's per-call work (a call's
+        setup, headers, the interceptors' checks), which costs the daemon more than a heartbeat.
+        Admitted and rate-limited once per call, like any call; its messages are not counted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentRegistryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +92,11 @@ def add_AgentRegistryServicer_to_server(servicer, server):
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
+                    request_deserializer=fleetshift_dot_v1_dot_fleet__pb2.HeartbeatRequest.FromString,
+                    response_serializer=fleetshift_dot_v1_dot_fleet__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'HeartbeatStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.HeartbeatStream,
                     request_deserializer=fleetshift_dot_v1_dot_fleet__pb2.HeartbeatRequest.FromString,
                     response_serializer=fleetshift_dot_v1_dot_fleet__pb2.HeartbeatResponse.SerializeToString,
             ),
@@ -132,6 +154,33 @@ class AgentRegistry:
             request,
             target,
             '/fleetshift.v1.AgentRegistry/Heartbeat',
+            fleetshift_dot_v1_dot_fleet__pb2.HeartbeatRequest.SerializeToString,
+            fleetshift_dot_v1_dot_fleet__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HeartbeatStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fleetshift.v1.AgentRegistry/HeartbeatStream',
             fleetshift_dot_v1_dot_fleet__pb2.HeartbeatRequest.SerializeToString,
             fleetshift_dot_v1_dot_fleet__pb2.HeartbeatResponse.FromString,
             options,
