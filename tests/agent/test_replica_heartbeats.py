@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
+from typing import Any
 
 import pytest
 from aiorwlock import RWLock
@@ -75,6 +76,18 @@ class StreamReplica(Replica):
             yield await self.answer()
 
 
+def node_membership(addresses: str, node: str, **options: Any) -> Membership:
+    """The agent's real membership loop for ``node``, heartbeating every replica listed."""
+    return Membership(
+        addresses,
+        registration=lambda: registration(node),
+        heartbeat=lambda: pb.HeartbeatRequest(node_name=node),
+        backoff=Backoff(0.05, 0.5),
+        max_message_bytes=4 << 20,
+        **options,
+    )
+
+
 @pytest.fixture(params=["stream", "unary"])
 async def replicas(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Replica, Replica, str]]:
     kind = StreamReplica if request.param == "stream" else Replica
@@ -88,13 +101,7 @@ async def test_a_slow_replica_neither_loses_the_node_nor_holds_up_the_others(
     replicas: tuple[Replica, Replica, str],
 ) -> None:
     quick, slow, addresses = replicas
-    membership = Membership(
-        addresses,
-        registration=lambda: registration("node-r"),
-        heartbeat=lambda: pb.HeartbeatRequest(node_name="node-r"),
-        backoff=Backoff(0.05, 0.5),
-        max_message_bytes=4 << 20,
-    )
+    membership = node_membership(addresses, "node-r")
     task = asyncio.create_task(membership.run())
     try:
         await asyncio.sleep(RUN_S)
@@ -119,14 +126,7 @@ async def test_a_worker_change_waits_for_a_report_in_flight_to_any_replica(
     it) holds with replicas too: the change waits for the slow replica's report in flight."""
     _quick, slow, addresses = replicas
     lock = RWLock()
-    membership = Membership(
-        addresses,
-        registration=lambda: registration("node-o"),
-        heartbeat=lambda: pb.HeartbeatRequest(node_name="node-o"),
-        backoff=Backoff(0.05, 0.5),
-        max_message_bytes=4 << 20,
-        report_lock=lock,
-    )
+    membership = node_membership(addresses, "node-o", report_lock=lock)
     task = asyncio.create_task(membership.run())
     try:
         while slow.received <= slow.answered:  # until a heartbeat to it is in flight
@@ -148,14 +148,7 @@ async def test_the_agent_counts_each_replicas_heartbeats_by_outcome(
     _quick, slow, addresses = replicas
     quick_address, slow_address = addresses.split(",")
     metrics = AgentMetrics("node-m")
-    membership = Membership(
-        addresses,
-        registration=lambda: registration("node-m"),
-        heartbeat=lambda: pb.HeartbeatRequest(node_name="node-m"),
-        backoff=Backoff(0.05, 0.5),
-        max_message_bytes=4 << 20,
-        on_heartbeat=metrics.heartbeat,
-    )
+    membership = node_membership(addresses, "node-m", on_heartbeat=metrics.heartbeat)
     task = asyncio.create_task(membership.run())
     try:
         await asyncio.sleep(2.0)
