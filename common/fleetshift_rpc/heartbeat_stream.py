@@ -14,17 +14,22 @@ For the caller nothing changes: ``send`` returns what unary Heartbeat returns an
 call with that status, and the next heartbeat opens a new one). A heartbeat not answered
 within its timeout raises DEADLINE_EXCEEDED and cancels the call, as a unary deadline would.
 A daemon without HeartbeatStream (UNIMPLEMENTED: an older daemon in a rolling upgrade) is sent
-unary Heartbeat from then on.
+unary Heartbeat, and the stream is tried again every ``STREAM_RETRY_S``: the daemon behind the
+address may be upgraded in place, and a daemon that knows the node never asks it to register
+again, so nothing else would tell the agent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
+
+STREAM_RETRY_S = 60.0  # after an UNIMPLEMENTED, unary heartbeats this long, then try again
 
 
 class HeartbeatRefused(grpc.aio.AioRpcError):
@@ -44,7 +49,7 @@ class HeartbeatSender:
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._stub = pb_grpc.AgentRegistryStub(channel)
         self._call: grpc.aio.StreamStreamCall | None = None
-        self.unary = False  # the daemon has no HeartbeatStream: unary Heartbeat from now on
+        self._unary_until = 0.0  # time.monotonic() before which the daemon gets unary calls
         self.calls_opened = 0  # streams opened (observability, tests)
 
     async def send(self, request: pb.HeartbeatRequest, timeout: float) -> pb.HeartbeatResponse:
@@ -58,9 +63,14 @@ class HeartbeatSender:
                     grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
                 ) from None
             except _FallBack:
-                self.unary = True
+                self._unary_until = time.monotonic() + STREAM_RETRY_S
         reply: pb.HeartbeatResponse = await self._stub.Heartbeat(request, timeout=timeout)
         return reply
+
+    @property
+    def unary(self) -> bool:
+        """True while the daemon is sent unary Heartbeat (it answered UNIMPLEMENTED)."""
+        return time.monotonic() < self._unary_until
 
     def close(self) -> None:
         if self._call is not None:

@@ -60,12 +60,15 @@ async def running_agent(config: AgentConfig) -> AsyncIterator[Agent]:
 
 
 @contextlib.asynccontextmanager
-async def serving_registry(servicer: pb_grpc.AgentRegistryServicer) -> AsyncIterator[int]:
-    """Serve a test's own AgentRegistry on a real gRPC port, so an agent under test heartbeats
-    to something that records or holds its reports; yields the port."""
+async def serving_registry(
+    servicer: pb_grpc.AgentRegistryServicer, port: int = 0
+) -> AsyncIterator[int]:
+    """Serve a test's own AgentRegistry on a real gRPC port (a free one unless given), so an
+    agent under test heartbeats to something that records or holds its reports; yields the
+    port."""
     name = pb.DESCRIPTOR.services_by_name["AgentRegistry"].full_name
     binding = ServiceBinding(pb_grpc.add_AgentRegistryServicer_to_server, servicer, name)
-    server = await start_server("127.0.0.1:0", [binding], 4 << 20, None, ())
+    server = await start_server(f"127.0.0.1:{port}", [binding], 4 << 20, None, ())
     try:
         yield server.port
     finally:

@@ -22,6 +22,7 @@ from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift_agent import membership as membership_module
 from fleetshift_agent.membership import Backoff, Membership
+from fleetshift_rpc import heartbeat_stream
 from fleetshift_rpc.metrics import AgentMetrics
 
 from ..test_registry_api import registration
@@ -44,6 +45,7 @@ class Replica(pb_grpc.AgentRegistryServicer):
         self.received = 0
         self.answered = 0
         self.given_up = 0
+        self.stream_calls = 0
 
     async def RegisterNode(self, request, context):  # type: ignore[no-untyped-def]
         self.registrations += 1
@@ -71,6 +73,7 @@ class StreamReplica(Replica):
     """The same with HeartbeatStream, as today's daemon serves it."""
 
     async def HeartbeatStream(self, requests, context):  # type: ignore[no-untyped-def]
+        self.stream_calls += 1
         await context.send_initial_metadata(())
         async for _request in requests:
             yield await self.answer()
@@ -171,3 +174,32 @@ async def test_the_agent_counts_each_replicas_heartbeats_by_outcome(
         heartbeats, daemon=quick_address, outcome="answered"
     )
     assert sample(round_trips, daemon=slow_address) == 0
+
+
+async def test_an_agent_on_unary_heartbeats_takes_the_stream_once_its_daemon_has_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rolling upgrade: the daemon at an address is replaced by one that has HeartbeatStream
+    and knows the node (it never asks the agent to register again). The agent, which fell
+    back to unary Heartbeat, tries the stream again after STREAM_RETRY_S and keeps it."""
+    monkeypatch.setattr(heartbeat_stream, "STREAM_RETRY_S", 0.3)
+    old = Replica(0.0)
+    async with serving_registry(old) as port:
+        membership = node_membership(f"127.0.0.1:{port}", "node-u")
+        task = asyncio.create_task(membership.run())
+        while old.answered < 3:
+            await asyncio.sleep(0.02)
+    new = StreamReplica(0.0)
+    try:
+        async with serving_registry(new, port):
+            for _ in range(300):
+                if new.stream_calls and new.answered >= 10:
+                    break
+                await asyncio.sleep(0.02)
+            streamed_from = new.answered
+            await asyncio.sleep(1.0)  # past several retry periods: the stream is kept
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert old.stream_calls == 0  # (it has no HeartbeatStream: every heartbeat was unary)
+    assert new.stream_calls == 1 and new.answered >= streamed_from + 5
