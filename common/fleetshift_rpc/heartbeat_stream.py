@@ -56,7 +56,11 @@ class HeartbeatSender:
         """What unary ``Heartbeat(request, timeout=timeout)`` answers, sent on the stream."""
         if not self.unary:
             try:
-                return await asyncio.wait_for(self._exchange(request), timeout)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the inner
+                # result when it completes as the caller is cancelled, swallowing the
+                # cancellation, and an agent stopping then heartbeated on for ever (CI hung).
+                async with asyncio.timeout(timeout):
+                    return await self._exchange(request)
             except TimeoutError:
                 self.close()  # its answer, if it comes, must not answer the next heartbeat
                 raise HeartbeatRefused(

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from typing import Any
 
+import grpc
 import pytest
 from aiorwlock import RWLock
 
@@ -23,6 +24,7 @@ from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
 from fleetshift_agent import membership as membership_module
 from fleetshift_agent.membership import Backoff, Membership
 from fleetshift_rpc import heartbeat_stream
+from fleetshift_rpc.heartbeat_stream import HeartbeatSender
 from fleetshift_rpc.metrics import AgentMetrics
 
 from ..test_registry_api import registration
@@ -108,13 +110,14 @@ async def test_a_slow_replica_neither_loses_the_node_nor_holds_up_the_others(
     task = asyncio.create_task(membership.run())
     try:
         await asyncio.sleep(RUN_S)
+        given_up = slow.given_up  # before the end: stopping cancels the heartbeat in flight
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
     # The slow replica heard heartbeats, none timed out, and the agent never registered again.
     assert slow.answered >= 1
-    assert slow.given_up == 0
+    assert given_up == 0
     assert slow.registrations == 1
     # The quick replica was heard at about its interval all along (30 heartbeats at most in
     # 3 s); taking turns with the slow one's 1.5 s answers would have allowed it a handful.
@@ -203,3 +206,26 @@ async def test_an_agent_on_unary_heartbeats_takes_the_stream_once_its_daemon_has
         await asyncio.gather(task, return_exceptions=True)
     assert old.stream_calls == 0  # (it has no HeartbeatStream: every heartbeat was unary)
     assert new.stream_calls == 1 and new.answered >= streamed_from + 5
+
+
+@pytest.mark.parametrize("yields", range(6))
+async def test_a_heartbeat_cancelled_as_its_answer_lands_ends_cancelled(yields: int) -> None:
+    """A heartbeat whose caller is cancelled must end cancelled, even when its answer is in
+    at that moment: an agent's stop cancels its membership loop and waits for it, and a
+    cancellation swallowed there (asyncio.wait_for on Python 3.11 returns the inner result
+    instead) let the loop heartbeat on for ever: a CI run hung 300 s in it. The exchange
+    answers without waiting, and the cancel lands ``yields`` loop steps into the send."""
+    sender = HeartbeatSender(grpc.aio.insecure_channel("127.0.0.1:1"))  # never dialled
+
+    async def answered_at_once(request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+        return pb.HeartbeatResponse(state=pb.NODE_STATE_READY)
+
+    sender._exchange = answered_at_once  # type: ignore[method-assign]
+    task = asyncio.create_task(sender.send(pb.HeartbeatRequest(node_name="n"), timeout=5))
+    for _ in range(yields):
+        await asyncio.sleep(0)
+    if task.cancel():  # the send was still running: it must not finish as if uncancelled
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    else:
+        assert task.result().state == pb.NODE_STATE_READY
