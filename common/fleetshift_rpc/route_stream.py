@@ -149,8 +149,11 @@ class RouteClient:
         self._send(pending)
         try:
             # A timeout (or the caller's cancellation) cancels the future: a late answer,
-            # or a resend, then finds it done and drops it.
-            return await asyncio.wait_for(pending.answer, timeout)
+            # or a resend, then finds it done and drops it. asyncio.timeout, not wait_for:
+            # on Python 3.11 wait_for returns an answer that lands as the caller is
+            # cancelled, swallowing the cancellation (heartbeat_stream's test shows it).
+            async with asyncio.timeout(timeout):
+                return await pending.answer
         except TimeoutError:
             raise RouteRefused(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         except _FallBack:
