@@ -63,6 +63,18 @@ async def heartbeat(agents: fpb_grpc.AgentRegistryStub, node: str) -> None:
     await agents.Heartbeat(fpb.HeartbeatRequest(node_name=node, workers=statuses))
 
 
+async def until_lost(operator: fpb_grpc.FleetOperatorStub, node: str) -> None:
+    """Wait until the daemon has declared ``node`` lost. Not a fixed sleep: the daemon times
+    silences on its hearing clock (core/hearing.py), which stops while its loop is stalled,
+    so on a loaded machine 0.8 s once was not enough (CI: a drain then chose the node)."""
+    for _ in range(200):
+        got = await operator.GetNode(fpb.GetNodeRequest(node_name=node))
+        if got.state == fpb.NODE_STATE_LOST:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{node} was not declared lost within 10 s")
+
+
 @contextlib.asynccontextmanager
 async def running_daemon(
     tmp_path: Path, sqlite_url: str, planner: PlannerSettings
@@ -99,7 +111,7 @@ async def running_daemon(
         await fpb_grpc.FleetOperatorStub(ch).CordonNode(
             fpb.CordonNodeRequest(node_name="h100-2", reason="bad fan")
         )
-        await asyncio.sleep(0.8)  # gone-1 never heartbeats: it turns lost
+        await until_lost(fpb_grpc.FleetOperatorStub(ch), "gone-1")  # it never heartbeats
 
         async def keep_alive() -> None:  # the other "agents" heartbeat all along
             while True:
