@@ -7,9 +7,10 @@ mapped here, identically for the daemon and the agent, with the message naming t
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
-from collections.abc import Awaitable, Callable, Collection
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from typing import Any, TypeVar, cast
 
 import grpc
 
@@ -83,23 +84,47 @@ def peer_error(
     return cls(f"{peer}: {err.details()}", field=field)
 
 
-F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+F = TypeVar("F", bound=Callable[..., Awaitable[Any] | AsyncIterator[Any]])
 
 
 def rpc_errors(method: F) -> F:
-    """Wrap a unary grpc.aio servicer method: typed errors become their status, anything
-    unexpected becomes INTERNAL (logged with its traceback, never leaked to the caller)."""
+    """Wrap a grpc.aio servicer method, unary or streaming answers (an async generator): typed
+    errors become their status, anything unexpected becomes INTERNAL (logged with its
+    traceback, never leaked to the caller). A streaming method's error ends its call."""
+    if inspect.isasyncgenfunction(method):
+        return _streaming_rpc_errors(method)  # type: ignore[return-value]
+    unary = cast(Callable[..., Awaitable[Any]], method)
 
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            return await method(self, request, context)
-        except FleetShiftError as err:
-            await context.abort(status_for(err), err.message)
-        except grpc.aio.AbortError:
-            raise
-        except Exception:
-            log.exception("unexpected error in %s", method.__qualname__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}")
+            return await unary(self, request, context)
+        except Exception as err:  # _abort_for lets AbortError through
+            await _abort_for(err, method, context)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _streaming_rpc_errors(method: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def wrapper(
+        self: Any, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        try:
+            async for item in method(self, request, context):
+                yield item
+        except Exception as err:  # _abort_for lets AbortError through
+            await _abort_for(err, method, context)
+
+    return wrapper
+
+
+async def _abort_for(
+    err: Exception, method: Callable[..., Any], context: grpc.aio.ServicerContext
+) -> None:
+    if isinstance(err, grpc.aio.AbortError):
+        raise err
+    if isinstance(err, FleetShiftError):
+        await context.abort(status_for(err), err.message)
+    log.exception("unexpected error in %s", method.__qualname__, exc_info=err)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}")

@@ -14,12 +14,12 @@ import grpc
 
 from fleetshift.v1 import fleet_pb2 as pb
 from fleetshift.v1 import fleet_pb2_grpc as pb_grpc
-from fleetshift_common.errors import FleetShiftError, InvalidArgument
+from fleetshift_common.errors import InvalidArgument
 from fleetshift_daemon.api import convert
 from fleetshift_daemon.core.placement import PlacementService
 from fleetshift_daemon.core.registry import Registry
 from fleetshift_daemon.core.workers import WorkerTable
-from fleetshift_rpc.errors import rpc_errors, status_for
+from fleetshift_rpc.errors import rpc_errors
 from fleetshift_rpc.metrics import DaemonMetrics
 from fleetshift_rpc.security import require_node_identity
 from fleetshift_rpc.server import ServiceBinding
@@ -65,6 +65,7 @@ class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
     ) -> pb.HeartbeatResponse:
         return self._heartbeat(request)
 
+    @rpc_errors
     async def HeartbeatStream(
         self, requests: AsyncIterator[pb.HeartbeatRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.HeartbeatResponse]:
@@ -76,15 +77,8 @@ class AgentRegistryServicer(pb_grpc.AgentRegistryServicer):
         go out at once, so the agent can tell this from a daemon without the method."""
         await context.send_initial_metadata(())
         async for request in requests:
-            try:
-                check_request(request)
-                reply = self._heartbeat(request)
-            except FleetShiftError as err:
-                await context.abort(status_for(err), err.message)
-            except Exception:
-                log.exception("unexpected error in a HeartbeatStream")
-                await context.abort(grpc.StatusCode.INTERNAL, "internal error in HeartbeatStream")
-            yield reply
+            check_request(request)
+            yield self._heartbeat(request)
 
     def _heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         """One heartbeat, however it came; memory only (no store write, no await)."""
