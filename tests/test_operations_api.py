@@ -30,6 +30,8 @@ from fleetshift_daemon.core.operations import OperationKind, StepKind
 from fleetshift_daemon.core.perfmodel import Dtype
 from fleetshift_daemon.core.plans import MoveKind
 
+from .agent.fleet import eventually
+
 GiB = 1024**3
 NODES = {
     "h100-1": ("NVIDIA H100 80GB HBM3", 80),
@@ -61,18 +63,6 @@ async def heartbeat(agents: fpb_grpc.AgentRegistryStub, node: str) -> None:
         for wid, model, role, tp, gpus in WORKERS.get(node, [])
     ]
     await agents.Heartbeat(fpb.HeartbeatRequest(node_name=node, workers=statuses))
-
-
-async def until_lost(operator: fpb_grpc.FleetOperatorStub, node: str) -> None:
-    """Wait until the daemon has declared ``node`` lost. Not a fixed sleep: the daemon times
-    silences on its hearing clock (core/hearing.py), which stops while its loop is stalled,
-    so on a loaded machine 0.8 s once was not enough (CI: a drain then chose the node)."""
-    for _ in range(200):
-        got = await operator.GetNode(fpb.GetNodeRequest(node_name=node))
-        if got.state == fpb.NODE_STATE_LOST:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{node} was not declared lost within 10 s")
 
 
 @contextlib.asynccontextmanager
@@ -111,7 +101,15 @@ async def running_daemon(
         await fpb_grpc.FleetOperatorStub(ch).CordonNode(
             fpb.CordonNodeRequest(node_name="h100-2", reason="bad fan")
         )
-        await until_lost(fpb_grpc.FleetOperatorStub(ch), "gone-1")  # it never heartbeats
+        # gone-1 never heartbeats. Waited for, not slept on: the daemon times silences on its
+        # hearing clock (core/hearing.py), which stops while its loop stalls, so on a loaded
+        # machine 0.8 s once was not enough (CI: a drain then chose gone-1).
+        operator = fpb_grpc.FleetOperatorStub(ch)
+        await eventually(
+            lambda: operator.GetNode(fpb.GetNodeRequest(node_name="gone-1")),
+            lambda node: node.state == fpb.NODE_STATE_LOST,
+            timeout_s=10,
+        )
 
         async def keep_alive() -> None:  # the other "agents" heartbeat all along
             while True:
