@@ -7,6 +7,7 @@ file so a reader never sees a half-written number.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -29,3 +30,15 @@ def stop_event() -> asyncio.Event:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, event.set)
     return event
+
+
+async def wait_or_timeout(event: asyncio.Event, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``event``; True if it was set.
+
+    ``asyncio.timeout``, not ``asyncio.wait_for``: on Python 3.11 ``wait_for`` returns the
+    inner result when it completes as the caller is cancelled, which swallows the
+    cancellation, and a loop around it runs on after its task was cancelled."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    return event.is_set()

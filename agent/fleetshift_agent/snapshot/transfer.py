@@ -165,8 +165,9 @@ class _Fetch:
         )
         try:
             while True:
-                try:
-                    chunk = await asyncio.wait_for(stream.read(), self.stall_timeout_s)
+                try:  # not wait_for: on 3.11 it can swallow a cancel and read on
+                    async with asyncio.timeout(self.stall_timeout_s):
+                        chunk = await stream.read()
                 except TimeoutError:
                     raise _ChunkRejected(
                         f"no data for {self.stall_timeout_s:g}s from the source ({name}@{offset})"

@@ -158,9 +158,10 @@ async def open_stream(
     """Connect, send ``request`` and wait for the response's head."""
     loop = asyncio.get_running_loop()
     try:
-        transport, protocol = await asyncio.wait_for(
-            loop.create_connection(SseProtocol, host, port), connect_timeout_s
-        )
+        # not wait_for: on 3.11 a connection made as the caller is cancelled is returned,
+        # the cancellation swallowed, and the request sent to vLLM anyway
+        async with asyncio.timeout(connect_timeout_s):
+            transport, protocol = await loop.create_connection(SseProtocol, host, port)
     except (OSError, TimeoutError) as err:
         raise Unavailable(f"vLLM server unreachable: {err!r}") from None
     try:

@@ -17,7 +17,6 @@ switched.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ import numpy as np
 from fleetshift.v1 import fleet_pb2 as fpb
 from fleetshift.v1 import operations_pb2 as opb
 from fleetshift.v1 import operations_pb2_grpc as ogrpc
+from fleetshift_common.lifecycle import wait_or_timeout
 from fleetshift_daemon.demo.replay import StreamRecord, send_one
 from fleetshift_daemon.demo.watch import FleetWatch
 from fleetshift_daemon.demo.workload import CARRIER, FIRST_PLAIN_TOKEN, DemoRequest
@@ -79,8 +79,7 @@ class Carriers:
         while not stop.is_set():
             for _ in range(self.wanted() - len(self._running)):
                 self._send()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.2)
+            await wait_or_timeout(stop, 0.2)
         await asyncio.gather(*self._running)
 
     def _send(self) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import tempfile
@@ -31,6 +30,7 @@ from fleetshift.v1 import fleet_pb2 as fpb
 from fleetshift.v1 import placement_pb2 as ppb
 from fleetshift.v1 import placement_pb2_grpc as pgrpc
 from fleetshift_common.helpformat import DefaultsHelpFormatter
+from fleetshift_common.lifecycle import wait_or_timeout
 from fleetshift_daemon.demo import report
 from fleetshift_daemon.demo.carriers import Carriers, operator_move
 from fleetshift_daemon.demo.replay import StreamRecord, openai_client, replay
@@ -471,8 +471,7 @@ async def _still_wanted(daemon: grpc.aio.Channel) -> str:
 
 
 async def _pause(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
+    await wait_or_timeout(stop, seconds)
 
 
 def main(argv: list[str] | None = None) -> int:

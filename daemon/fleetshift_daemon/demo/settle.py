@@ -13,12 +13,12 @@ the wait; the summary then says plainly that it did not recover, and why.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fleetshift_common.lifecycle import wait_or_timeout
 from fleetshift_daemon.demo.replay import StreamRecord, send_one
 from fleetshift_daemon.demo.watch import HOLD_SAMPLES, Sample, Step, recovered_at
 from fleetshift_daemon.demo.workload import DECODE_HEAVY, SETTLING, DemoRequest, Workload
@@ -117,6 +117,5 @@ async def steady(
         records.append(record)
         tasks.append(asyncio.create_task(send_one(client, model, record, started)))
         i += 1
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 1.0 / rate_per_s)
+        await wait_or_timeout(stop, 1.0 / rate_per_s)
     await asyncio.gather(*tasks)

@@ -5,7 +5,6 @@ with its kind and the sessions it carried) and the workers. Changes become event
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from fleetshift.v1 import operations_pb2 as opb
 from fleetshift.v1 import operations_pb2_grpc as ogrpc
 from fleetshift.v1 import placement_pb2 as ppb
 from fleetshift.v1 import placement_pb2_grpc as pgrpc
+from fleetshift_common.lifecycle import wait_or_timeout
 from fleetshift_daemon.wire import ROLE_FROM_PB
 
 STEP_KIND_TEXT = {
@@ -255,5 +255,4 @@ async def watch(fleet: FleetWatch, stop: asyncio.Event, every_s: float = 1.0) ->
             await fleet.poll()
         except grpc.aio.AioRpcError as err:
             fleet.say(f"(daemon did not answer: {err.code().name})")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), every_s)
+        await wait_or_timeout(stop, every_s)

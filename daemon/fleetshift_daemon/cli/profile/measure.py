@@ -116,10 +116,10 @@ async def measure_point(
     prompts = _prompts(point, vocab, rng)
     sent = time.perf_counter()
     try:
-        arrivals = await asyncio.wait_for(
-            asyncio.gather(*(_one_session(stub, p, point.token_size) for p in prompts)),
-            timeout_s,
-        )
+        async with asyncio.timeout(timeout_s):  # not wait_for: see lifecycle.wait_or_timeout
+            arrivals = await asyncio.gather(
+                *(_one_session(stub, p, point.token_size) for p in prompts)
+            )
     except TimeoutError:
         raise PointFailed(f"no answer within {timeout_s:.0f} s") from None
     except grpc.aio.AioRpcError as err:
