@@ -258,12 +258,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         )
 
     async def _metered(
-        self, requests: AsyncIterator[Any], method: str, context: Context
+        self, requests: AsyncIterator[Any], method: str, principal: Principal, context: Context
     ) -> AsyncIterator[Any]:
         """A limited caller's stream messages after the first, each counted like a call: a
         stream must not be a way around the bucket (HeartbeatStream is one call for a node's
-        every heartbeat). The first was counted when the call was admitted."""
-        principal, _ = self.identify(context)
+        every heartbeat). The first was counted when the call was admitted, as ``principal``:
+        the caller is identified once per call, not again for its messages."""
         limited = self._limiter is not None and (
             self._policy.access_for(method) not in self._policy.unlimited
         )
@@ -303,7 +303,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             f"{principal.label} may not call {method} ({access.value})",
         )
 
-    async def _admit(self, method: str, context: grpc.aio.ServicerContext) -> Any:
+    async def _admit(self, method: str, context: grpc.aio.ServicerContext) -> tuple[Any, Principal]:
+        """The principal's context token (to reset when the call ends) and the principal."""
         principal, bad_token = self.identify(context)
         refusal = self.decide(method, principal, bad_token)
         if refusal is not None:
@@ -321,7 +322,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             if self._on_refused is not None:
                 self._on_refused(method, refusal.code)
             await context.abort(refusal.code, refusal.message, trailing_metadata=refusal.trailing)
-        return set_principal(principal)
+        return set_principal(principal), principal
 
     # --- wrapping the four handler shapes -----------------------------------------------------
 
@@ -331,9 +332,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if inspect.isasyncgenfunction(behavior):
 
             async def streaming(request: Any, context: Context) -> AsyncIterator[Any]:
-                token = await self._admit(method, context)
+                token, principal = await self._admit(method, context)
                 if request_streaming:
-                    request = self._metered(request, method, context)
+                    request = self._metered(request, method, principal, context)
                 try:
                     async for item in behavior(request, context):
                         yield item
@@ -344,7 +345,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return streaming
 
         async def unary(request: Any, context: Context) -> Any:
-            token = await self._admit(method, context)
+            token, _ = await self._admit(method, context)
             try:
                 result = behavior(request, context)
                 return await result if inspect.isawaitable(result) else result
