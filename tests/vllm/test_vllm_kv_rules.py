@@ -7,10 +7,20 @@ recomputes and names the fields. A blob carries where its KV waits, and survives
 
 from __future__ import annotations
 
+import json
+
 from fleetshift.v1 import worker_pb2
-from fleetshift_agent.vllm_worker.kv import carried_tokens, key_fields, kv_refusal
-from fleetshift_agent.vllm_worker.server import DISK_CONNECTOR
+from fleetshift_agent.vllm_worker.app import nixl_host
+from fleetshift_agent.vllm_worker.kv import carried_tokens, key_fields, kv_refusal, nixl_tokens
+from fleetshift_agent.vllm_worker.server import (
+    DISK_CONNECTOR,
+    NIXL_CONNECTOR,
+    ServerSpec,
+    kv_transfer_config,
+    server_env,
+)
 from fleetshift_agent.vllm_worker.sessions import Carried, KvRef, SessionSpec
+from fleetshift_common.config import EngineArgs
 
 KEY = key_fields(
     worker_pb2.WorkerCompatKey(
@@ -54,4 +64,58 @@ def test_a_blob_carries_its_kv_reference() -> None:
     assert Carried.from_blob(spec.to_blob([4])).kv is None
     # One session, several vLLM requests (pause, move): never one request id twice.
     assert spec.completion([4]).request_id != spec.completion([4]).request_id
-    assert spec.kv_completion([4, 5], "0" * 32).prompt == (1, 2, 3, 4, 5)
+    assert spec.kv_completion([4, 5], {"do_remote_decode": True}).prompt == (1, 2, 3, 4, 5)
+
+
+NIXL_PARAMS: dict[str, object] = {
+    "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[1, 2, 3]],
+    "remote_engine_id": "e-1", "remote_host": "10.0.0.7", "remote_port": 5701, "tp_size": 1,
+    "remote_num_tokens": 300,
+}  # fmt: skip
+
+
+def nixl_ref(**key: str | int) -> KvRef:
+    return KvRef(NIXL_CONNECTOR, "10.0.0.7:5701", 300, {**KEY, **key}, "", NIXL_PARAMS)
+
+
+def test_nixl_kv_travels_between_nixl_workers_whose_keys_agree() -> None:
+    assert kv_refusal(nixl_ref(), NIXL_CONNECTOR, "", KEY) == ""
+    note = kv_refusal(nixl_ref(dtype="bfloat16"), NIXL_CONNECTOR, "", KEY)
+    assert note == "KV recomputed: the compatibility key differs in dtype"
+    # one side without NIXL: the other cannot pull from it, nor read a disk store
+    assert "this worker runs FleetShiftDiskConnector" in kv_refusal(
+        nixl_ref(), DISK_CONNECTOR, "/kv", KEY
+    )
+    assert "this worker runs no KV connector" in kv_refusal(nixl_ref(), "", "", KEY)
+    assert "this worker runs NIXL" in kv_refusal(ref(), NIXL_CONNECTOR, "", KEY)
+    bare = KvRef(NIXL_CONNECTOR, "10.0.0.7:5701", 300, KEY, "", {})
+    assert "no transfer parameters" in kv_refusal(bare, NIXL_CONNECTOR, "", KEY)
+
+
+def test_a_nixl_blob_carries_vllms_parameters_to_the_destinations_request() -> None:
+    spec = SessionSpec("s", (1, 2, 3), 10, 0.0, 1.0, 42)
+    carried = Carried.from_blob(spec.to_blob([4], kv=nixl_ref()))
+    assert carried.kv == nixl_ref()
+    body = spec.completion([4], kv=carried.kv).body("m")
+    assert body["kv_transfer_params"] == NIXL_PARAMS  # exactly what the source's vLLM said
+    assert nixl_tokens(NIXL_PARAMS, 310) == 300 and nixl_tokens({}, 310) == 310
+    assert nixl_tokens({"remote_num_tokens": 400}, 310) == 310  # never past the context
+
+
+def test_a_nixl_worker_advertises_its_side_channel_on_its_own_address() -> None:
+    """Another host's vLLM pulls the KV through the source's side channel, so it binds the
+    address the worker listens on (the node's), on a port of its own per worker."""
+    nixl = EngineArgs.from_json('{"kv_connector": "NixlConnector"}')
+    spec = ServerSpec("py", "/m", "m", nixl, nixl_host="10.0.0.7", nixl_port=5701)
+    env = server_env(spec, {})
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.0.7"
+    assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5701"
+    config = json.loads(kv_transfer_config(nixl))
+    assert config["kv_connector"] == NIXL_CONNECTOR and config["kv_buffer_device"] == "cpu"
+    # a failed pull recomputes (the session goes on); the source keeps blocks for the TTL
+    assert config["kv_load_failure_policy"] == "recompute"
+    assert config["kv_connector_extra_config"] == {"kv_lease_duration": 600}
+    disk = EngineArgs.from_json('{"kv_connector": "FleetShiftDiskConnector"}')
+    assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in server_env(ServerSpec("py", "/m", "m", disk), {})
+    assert nixl_host("10.0.0.7:0") == "10.0.0.7" and nixl_host("[fd00::7]:0") == "fd00::7"
+    assert nixl_host("0.0.0.0:0") == "127.0.0.1" and nixl_host("127.0.0.1:0") == "127.0.0.1"

@@ -16,7 +16,7 @@ import pytest
 
 from fleetshift_agent.vllm_worker import kv_store
 from fleetshift_agent.vllm_worker.server import DISK_CONNECTOR
-from fleetshift_agent.vllm_worker.sessions import Carried, KvRef, SessionSpec
+from fleetshift_agent.vllm_worker.sessions import Carried, KvRef, SessionSpec, kv_params
 from fleetshift_common.config import ConfigError, EngineArgs
 
 NOW = 1_800_000_000.0
@@ -62,12 +62,12 @@ def test_an_import_removes_exactly_its_exports_folder(tmp_path: Path) -> None:
 def test_only_the_export_and_its_import_name_the_store() -> None:
     spec = SessionSpec("s", (1, 2, 3), 10, 0.0, 1.0, 42)
     export_id = kv_store.new_id()
-    store = spec.kv_completion([4], export_id).body("m")
+    store = spec.kv_completion([4], kv_params("store", export_id)).body("m")
     assert store["kv_transfer_params"] == {"fleetshift_kv": "store", "fleetshift_kv_id": export_id}
-    load = spec.completion([4], kv_load=export_id).body("m")
+    ref = KvRef(DISK_CONNECTOR, "/kv", 128, {"dtype": "float32"}, export_id)
+    load = spec.completion([4], kv=ref).body("m")
     assert load["kv_transfer_params"] == {"fleetshift_kv": "load", "fleetshift_kv_id": export_id}
     assert "kv_transfer_params" not in spec.completion([4]).body("m")  # any other request
-    ref = KvRef(DISK_CONNECTOR, "/kv", 128, {"dtype": "float32"}, export_id)
     assert Carried.from_blob(spec.to_blob([4], kv=ref)).kv == ref
 
 

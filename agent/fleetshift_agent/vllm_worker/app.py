@@ -25,12 +25,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from fleetshift.v1 import worker_pb2
 from fleetshift_agent.vllm_worker.client import VllmClient
 from fleetshift_agent.vllm_worker.kv import DISK_CONNECTORS
-from fleetshift_agent.vllm_worker.server import ServerSpec, VllmServer, write_plugins
+from fleetshift_agent.vllm_worker.server import (
+    NIXL_CONNECTOR,
+    ServerSpec,
+    VllmServer,
+    free_port,
+    write_plugins,
+)
 from fleetshift_agent.vllm_worker.service import (
     ROLES,
     VllmIdentity,
@@ -103,6 +110,13 @@ def compat_key(
     )
 
 
+def nixl_host(listen: str) -> str:
+    """The address NIXL's side channel binds and advertises: the worker's own (the node's
+    reachable address when it listens on one), loopback for a wildcard or loopback listen."""
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::", "localhost") else host
+
+
 def _dist_version(name: str) -> str:
     try:
         return importlib.metadata.version(name)
@@ -143,6 +157,9 @@ async def serve(args: argparse.Namespace) -> None:
         cuda=args.cuda,
         plugin_dir=plugins,
     )
+    if engine.kv_connector == NIXL_CONNECTOR:
+        host = nixl_host(args.listen)
+        spec = replace(spec, nixl_host=host, nixl_port=free_port(host))
     server = VllmServer(spec)
     server.start()
     client = VllmClient(server.url, model_id)
@@ -157,6 +174,7 @@ async def serve(args: argparse.Namespace) -> None:
             kv_connector=engine.kv_connector,
             kv_store=engine.kv_connector_path if engine.kv_connector in DISK_CONNECTORS else "",
             kv_store_ttl_s=engine.kv_store_ttl_s,
+            nixl_side_channel=f"{spec.nixl_host}:{spec.nixl_port}" if spec.nixl_port else "",
         )
         servicer = VllmWorkerServicer(client, identity, args.role)
         sweeper = asyncio.create_task(servicer.sweep_store_forever()) if identity.kv_store else None

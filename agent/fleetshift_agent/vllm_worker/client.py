@@ -33,9 +33,10 @@ class Completion:
     seed: int
     stop_token_ids: tuple[int, ...] = ()
     request_id: str = ""
-    # vLLM's per-request KV-transfer parameters: FleetShift's connector stores or loads a
-    # session's KV only for a request that names an export here (kv_store).
-    kv_transfer_params: dict[str, str] | None = None
+    # vLLM's per-request KV-transfer parameters: FleetShift's disk connector stores or loads
+    # a session's KV only for a request that names an export here (kv_store); NIXL's are
+    # vLLM's own (do_remote_decode on the source, the parameters it returned on the target).
+    kv_transfer_params: dict[str, object] | None = None
 
     def body(self, model: str) -> dict[str, object]:
         body: dict[str, object] = {
@@ -103,6 +104,24 @@ class VllmClient:
                     yield chunks
         finally:
             transport.close()
+
+    async def prefill_for_transfer(self, completion: Completion) -> dict[str, object]:
+        """Run ``completion`` (a one-token prefill asking ``do_remote_decode``) unstreamed and
+        return the ``kv_transfer_params`` vLLM answers with: where another vLLM pulls the
+        request's KV blocks from (NIXL), which this vLLM keeps for it until pulled or until
+        its own timeout. vLLM returns them only in an unstreamed answer."""
+        body = {**completion.body(self.model), "stream": False}
+        headers = {"X-Request-Id": completion.request_id} if completion.request_id else {}
+        try:
+            resp = await self._http.post("/v1/completions", json=body, headers=headers)
+        except httpx.HTTPError as err:
+            raise Unavailable(f"vLLM server unreachable (KV export): {err!r}") from None
+        if resp.status_code != 200:
+            raise _refusal(resp.status_code, resp.text)
+        params = resp.json().get("kv_transfer_params")
+        if not isinstance(params, dict) or not params.get("do_remote_prefill"):
+            raise Unavailable(f"vLLM returned no KV transfer parameters (got {params!r})")
+        return params
 
     async def metrics(self) -> str:
         return await self._text("GET", "/metrics")

@@ -14,6 +14,11 @@ The KV is read as raw tensors, so it is only taken where the compatibility key a
 else would misread it. When it cannot travel the destination recomputes the context from
 the session's token history and says why; when it was offered but vLLM loaded none (the
 store was emptied, another connector), vLLM's own counter shows it and the answer says so.
+
+Over NIXL (``NixlConnector``) nothing is stored: the source prefills the context with
+``do_remote_decode``, its vLLM keeps the blocks and answers where they are, and the
+destination's vLLM pulls them over UCX when the session's first request starts there (whole
+context, partial last block included). The same key rules apply.
 Pure: no HTTP, no files.
 """
 
@@ -24,7 +29,7 @@ from collections.abc import Mapping
 from google.protobuf.json_format import MessageToDict
 
 from fleetshift.v1 import worker_pb2
-from fleetshift_agent.vllm_worker.server import DISK_CONNECTOR
+from fleetshift_agent.vllm_worker.server import DISK_CONNECTOR, NIXL_CONNECTOR
 from fleetshift_agent.vllm_worker.sessions import KvRef
 
 # vLLM's disk connector as FleetShift fixes it (server.DISK_CONNECTOR: upstream's
@@ -60,6 +65,8 @@ def kv_refusal(
     session carries: a note beginning "KV recomputed", or "" when it can."""
     if kv is None:
         return NO_KV_NOTE + "; the source offered no KV"
+    if kv.connector == NIXL_CONNECTOR or connector == NIXL_CONNECTOR:
+        return _nixl_refusal(kv, connector) or _key_refusal(kv, key)
     if not store or connector not in DISK_CONNECTORS:
         return "KV recomputed: this worker has no disk KV connector (kv_connector_path)"
     if kv.connector not in DISK_CONNECTORS or kv.store != store:
@@ -67,10 +74,35 @@ def kv_refusal(
             f"KV recomputed: the KV waits in {kv.connector}'s store {kv.store!r}; this worker "
             f"reads {store!r}"
         )
+    return _key_refusal(kv, key)
+
+
+def _nixl_refusal(kv: KvRef, connector: str) -> str:
+    """Over NIXL the destination's vLLM pulls from the source's: both must run it."""
+    if connector != NIXL_CONNECTOR:
+        return (
+            f"KV recomputed: the KV waits in {kv.connector} at {kv.store!r}; this worker "
+            f"runs {connector or 'no KV connector'}"
+        )
+    if kv.connector != NIXL_CONNECTOR:
+        return f"KV recomputed: the KV waits in {kv.connector}'s store; this worker runs NIXL"
+    if not kv.params.get("do_remote_prefill"):
+        return "KV recomputed: the blob's NIXL KV carries no transfer parameters"
+    return ""
+
+
+def _key_refusal(kv: KvRef, key: Mapping[str, str | int]) -> str:
     differ = sorted(k for k in set(kv.key) | set(key) if kv.key.get(k) != key.get(k))
     if differ:
         return "KV recomputed: the compatibility key differs in " + ", ".join(differ)
     return ""
+
+
+def nixl_tokens(params: Mapping[str, object], context_len: int) -> int:
+    """How many context tokens NIXL offers: what the source's vLLM says it holds (partial
+    blocks travel too), never more than the context."""
+    offered = params.get("remote_num_tokens")
+    return min(offered, context_len) if isinstance(offered, int) else context_len
 
 
 def restored_note(kv: KvRef, context_len: int, loaded: int, local: int) -> str:

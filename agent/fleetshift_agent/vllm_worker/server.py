@@ -29,6 +29,10 @@ from dataclasses import dataclass
 from fleetshift_common.config import EngineArgs
 
 DISK_CONNECTOR = "FleetShiftDiskConnector"
+# vLLM's NIXL connector: the destination's vLLM pulls a session's KV blocks straight from the
+# source vLLM's memory (UCX; host buffers on a CPU node), found through the source's side
+# channel (a ZMQ port of its own, VLLM_NIXL_SIDE_CHANNEL_HOST/PORT): no shared store.
+NIXL_CONNECTOR = "NixlConnector"
 DISK_CONNECTOR_MODULE = "fleetshift_vllm_disk"
 # vLLM's ExampleConnector, changed in two ways. (1) Its lookup and its load use the same
 # tokens: upstream looks a prompt of L tokens up by its first (L-2)//B*B tokens but loads
@@ -160,6 +164,10 @@ class ServerSpec:
     threads: int = 0  # CPU threads for vLLM's OpenMP; 0: vLLM's own choice
     cuda: bool = False  # on a GPU node (else vLLM's CPU build: KV size by env)
     plugin_dir: str = ""  # where the shim wrote FleetShift's connector for vLLM to import
+    # NIXL's side channel: where other workers' vLLM ask this one for a session's KV blocks
+    # (the worker's own address, so a destination on another host reaches it)
+    nixl_host: str = "127.0.0.1"
+    nixl_port: int = 0
 
 
 def server_command(spec: ServerSpec, port: int) -> list[str]:
@@ -194,8 +202,17 @@ def kv_transfer_config(a: EngineArgs, cuda: bool = False) -> str:
         config["kv_connector_extra_config"] = {"shared_storage_path": a.kv_connector_path}
     if a.kv_connector == DISK_CONNECTOR:
         config["kv_connector_module_path"] = DISK_CONNECTOR_MODULE
-    if a.kv_connector == "NixlConnector":
+    if a.kv_connector == NIXL_CONNECTOR:
         config["kv_buffer_device"] = "cuda" if cuda else "cpu"
+        # A pull that fails (the source gone, its lease expired) recomputes the blocks: the
+        # session goes on from its token history rather than ending with an error (vLLM's
+        # default, "fail"). The source keeps an export's blocks for the same TTL the disk
+        # store keeps an export's folder: a move's import comes seconds after its export,
+        # but one session's import waits behind the others' (and behind the first pull's
+        # handshake with a new source, seconds on a loaded CPU), and vLLM's own 30 s lease
+        # expired under a four-session move here.
+        config["kv_load_failure_policy"] = "recompute"
+        config["kv_connector_extra_config"] = {"kv_lease_duration": int(a.kv_store_ttl_s)}
     return json.dumps(config)
 
 
@@ -215,6 +232,11 @@ def server_env(spec: ServerSpec, base: Mapping[str, str]) -> dict[str, str]:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         if spec.threads:
             env["OMP_NUM_THREADS"] = str(spec.threads)
+    if spec.engine_args.kv_connector == NIXL_CONNECTOR and spec.nixl_port:
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = spec.nixl_host
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.nixl_port)
+        if not spec.cuda:  # host memory only: shared memory on one host, TCP across hosts
+            env.setdefault("UCX_TLS", "tcp,sm,self")
     if spec.plugin_dir:
         paths = (spec.plugin_dir, base.get("PYTHONPATH", ""))
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
@@ -227,9 +249,9 @@ def write_plugins(folder: str) -> None:
         out.write(DISK_CONNECTOR_SOURCE)
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
 

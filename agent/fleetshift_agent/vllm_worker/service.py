@@ -30,10 +30,12 @@ from fleetshift_agent.vllm_worker.kv import (
     carried_tokens,
     key_fields,
     kv_refusal,
+    nixl_tokens,
     restored_note,
 )
 from fleetshift_agent.vllm_worker.metrics import LatencyWindow, VllmStats, p50_p99_ms, parse_metrics
-from fleetshift_agent.vllm_worker.sessions import Carried, KvRef, SessionSpec
+from fleetshift_agent.vllm_worker.server import NIXL_CONNECTOR
+from fleetshift_agent.vllm_worker.sessions import Carried, KvRef, SessionSpec, kv_params
 from fleetshift_agent.wire import ROLE_BY_NAME
 from fleetshift_agent.worker.feeds import Feed, Feeds
 from fleetshift_agent.worker.session_core import Counters, SessionServicer
@@ -73,6 +75,12 @@ class VllmIdentity:
     kv_connector: str = ""
     kv_store: str = ""  # the disk connector's directory: sessions' KV travels through it
     kv_store_ttl_s: float = 600.0  # an export nobody imported is deleted after this
+    nixl_side_channel: str = ""  # host:port other vLLMs pull this one's KV through (NIXL)
+
+    @property
+    def exports_kv(self) -> bool:
+        """Whether ExportSession can hand a session's KV on: a disk store, or NIXL."""
+        return bool(self.kv_store) or self.kv_connector == NIXL_CONNECTOR
 
 
 @dataclass
@@ -85,7 +93,7 @@ class VllmState:
     specs: dict[str, SessionSpec] = field(default_factory=dict)
     staged: dict[str, Carried] = field(default_factory=dict)
     held: set[str] = field(default_factory=set)  # live sessions without a vLLM request
-    kv_load: dict[str, str] = field(default_factory=dict)  # session -> export its KV is in
+    kv_load: dict[str, KvRef] = field(default_factory=dict)  # session -> the KV to load
 
 
 class VllmWorkerServicer(SessionServicer[VllmState]):
@@ -141,7 +149,7 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         """Start the vLLM request that continues ``feed``; returns once vLLM accepted it.
         The first request of a session imported with its KV loads that KV from the store;
         once it has its first token the KV is in vLLM, and the store's folder goes."""
-        kv_load = self.state.kv_load.pop(spec.session_id, "")
+        kv_load = self.state.kv_load.pop(spec.session_id, None)
         accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         pump = self._pump(spec, feed, accepted, kv_load, hold_after)
         task = asyncio.create_task(pump, name=spec.session_id)
@@ -151,8 +159,8 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
             task.cancel()
             raise
         finally:
-            if kv_load:
-                await asyncio.to_thread(kv_store.remove, self.identity.kv_store, kv_load)
+            if kv_load is not None and not kv_load.params:  # a disk export: single-use
+                await asyncio.to_thread(kv_store.remove, self.identity.kv_store, kv_load.id)
         self.state.tasks[spec.session_id] = task
         task.add_done_callback(lambda _: self._forget(spec.session_id, task))
         if self.state.paused:  # paused while vLLM was taking it: hold it with the rest
@@ -163,7 +171,7 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         spec: SessionSpec,
         feed: Feed,
         accepted: asyncio.Future[None],
-        kv_load: str = "",
+        kv_load: KvRef | None = None,
         hold_after: int = 0,
     ) -> None:
         """Feed the session the tokens of one vLLM request. A request cut short by
@@ -331,7 +339,7 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
             )
         kv = None
         generated = list(feed.tokens)
-        if request.with_kv and self.identity.kv_store:
+        if request.with_kv and self.identity.exports_kv:
             generated, kv = await self._store_kv(spec, feed, resume=not request.release)
         if request.release:
             self._end(feed.session_id, "moved")
@@ -357,12 +365,15 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         generated = list(feed.tokens)
         export_id = kv_store.new_id()
         try:
+            if self.identity.kv_connector == NIXL_CONNECTOR:
+                return generated, await self._offer_kv(spec, generated)
             block = self._last.block_size or (await self._stats()).block_size
             tokens = carried_tokens(len(spec.prompt) + len(generated), block)
             if not tokens:
                 return generated, None
             await self.sweep_store()  # every export also clears what nobody imported
-            async for _ in self.client.stream(spec.kv_completion(generated, export_id)):
+            store = spec.kv_completion(generated, kv_params("store", export_id))
+            async for _ in self.client.stream(store):
                 pass
         finally:
             if running and not self.state.paused and sid in self.state.held:
@@ -370,6 +381,19 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
                 await self._launch(spec, feed)
         i = self.identity
         return generated, KvRef(i.kv_connector, i.kv_store, tokens, self._key, export_id)
+
+    async def _offer_kv(self, spec: SessionSpec, generated: list[int]) -> KvRef:
+        """NIXL: prefill the context once more asking vLLM to keep its blocks for a remote
+        decode (its prefix cache holds them: only the tail is computed); vLLM answers where
+        another vLLM pulls them from. It frees them once pulled, or after its own abort
+        timeout (``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``) when no destination comes (a move
+        rolled back)."""
+        params = await self.client.prefill_for_transfer(
+            spec.kv_completion(generated, {"do_remote_decode": True})
+        )
+        i = self.identity
+        tokens = nixl_tokens(params, len(spec.prompt) + len(generated))
+        return KvRef(i.kv_connector, i.nixl_side_channel, tokens, self._key, "", params)
 
     async def sweep_store(self) -> int:
         """Delete the store's exports older than the TTL (nobody imported them)."""
@@ -441,11 +465,12 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         if not refusal and carried.kv is not None:
             refusal = self._stale(carried.kv)
         if refusal or carried.kv is None:
-            if carried.kv is not None and carried.kv.store == i.kv_store and carried.kv.id:
-                await asyncio.to_thread(kv_store.remove, i.kv_store, carried.kv.id)  # unusable
+            kv = carried.kv
+            if kv is not None and i.kv_store and kv.store == i.kv_store and kv.id:
+                await asyncio.to_thread(kv_store.remove, i.kv_store, kv.id)  # unusable
             await self._run(carried.spec, carried.generated)
             return False, refusal
-        self.state.kv_load[carried.spec.session_id] = carried.kv.id
+        self.state.kv_load[carried.spec.session_id] = carried.kv
         if self.state.paused:  # its first request, at Resume, loads the KV
             await self._run(carried.spec, carried.generated)
             return False, "KV recomputed: the worker is paused (loaded at resume, not counted)"
@@ -460,7 +485,11 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
     def _stale(self, kv: KvRef) -> str:
         """Why an export's KV is not taken although it may travel: it has no id (a blob
         from before exports had one), or it is old enough that a TTL sweep may delete it
-        while vLLM reads it (the engine cannot survive a file vanishing mid-load)."""
+        while vLLM reads it (the engine cannot survive a file vanishing mid-load). NIXL's
+        blocks wait in the source's vLLM, which frees them on its own timeout: a pull after
+        it finds none and reads as recomputed by vLLM's own count."""
+        if kv.connector == NIXL_CONNECTOR:
+            return ""
         if not kv_store.ID.match(kv.id):
             return "KV recomputed: the blob's KV names no export id"
         age = kv_store.age_s(self.identity.kv_store, kv.id, self.wall())

@@ -37,9 +37,9 @@ class SessionSpec:
     seed: int
     stop_token_ids: tuple[int, ...] = ()
 
-    def completion(self, generated: list[int], kv_load: str = "") -> Completion:
-        """The vLLM request that continues this session after ``generated``; with
-        ``kv_load`` (an export's id), the connector loads that export's KV for it."""
+    def completion(self, generated: list[int], kv: KvRef | None = None) -> Completion:
+        """The vLLM request that continues this session after ``generated``; with ``kv``
+        (the KV an import carried), the connector loads that KV for it."""
         return Completion(
             prompt=self.prompt + tuple(generated),
             max_tokens=self.max_new_tokens - len(generated),
@@ -49,14 +49,16 @@ class SessionSpec:
             stop_token_ids=self.stop_token_ids,
             # One session may run as several vLLM requests (a pause, a move): never one id twice.
             request_id=f"{self.session_id}-{len(generated)}-{uuid.uuid4().hex[:8]}",
-            kv_transfer_params=kv_params("load", kv_load) if kv_load else None,
+            kv_transfer_params=kv.load_params() if kv is not None else None,
         )
 
-    def kv_completion(self, generated: list[int], export_id: str) -> Completion:
-        """The request that makes the disk connector store this session's KV under the
-        export's id: a prefill of its whole context, one token long (the token is dropped).
-        The destination's request has the same prompt and names the same id, so it finds
-        the KV; no other request does."""
+    def kv_completion(self, generated: list[int], params: dict[str, object]) -> Completion:
+        """The request that makes the connector export this session's KV: a prefill of its
+        whole context, one token long (the token is dropped). ``params``: the disk
+        connector's store order under the export's id (``kv_params("store", id)``: the
+        destination's request has the same prompt and names the same id, so it finds the KV;
+        no other request does), or NIXL's ``do_remote_decode`` (vLLM keeps the blocks and
+        answers where to pull them from)."""
         return Completion(
             prompt=self.prompt + tuple(generated),
             max_tokens=1,
@@ -64,7 +66,7 @@ class SessionSpec:
             top_p=1.0,
             seed=0,
             request_id=f"{self.session_id}-kv-{len(generated)}-{uuid.uuid4().hex[:8]}",
-            kv_transfer_params=kv_params("store", export_id),
+            kv_transfer_params=params,
         )
 
     def to_blob(
@@ -76,7 +78,7 @@ class SessionSpec:
         return json.dumps(body).encode()
 
 
-def kv_params(what: str, export_id: str) -> dict[str, str]:
+def kv_params(what: str, export_id: str) -> dict[str, object]:
     """vLLM's kv_transfer_params for FleetShift's connector: store or load this export."""
     return {"fleetshift_kv": what, "fleetshift_kv_id": export_id}
 
@@ -87,13 +89,22 @@ class KvRef:
     (``ExampleConnector``), holding the KV of the context's first ``tokens`` tokens, written
     by a worker whose compatibility key is ``key`` (the destination takes it only if its own
     key and store agree: otherwise the KV would be misread, not merely slow), under the
-    export's ``id`` (kv_store: the folder is single-use, deleted once imported)."""
+    export's ``id`` (kv_store: the folder is single-use, deleted once imported).
+
+    Over NIXL there is no store: ``store`` names the source's side channel (host:port) and
+    ``params`` are the parameters the source's vLLM answered (engine id, block ids, side
+    channel): the destination's vLLM pulls the blocks with them, once."""
 
     connector: str
     store: str
     tokens: int
     key: dict[str, str | int] = field(default_factory=dict)
     id: str = ""
+    params: dict[str, object] = field(default_factory=dict)
+
+    def load_params(self) -> dict[str, object]:
+        """The kv_transfer_params of the request that loads this KV at the destination."""
+        return dict(self.params) if self.params else kv_params("load", self.id)
 
 
 @dataclass(frozen=True)
@@ -123,9 +134,12 @@ class Carried:
             ref = None
             if kv is not None:
                 key = {str(k): v for k, v in dict(kv["key"]).items()}
+                params = kv.get("params") or {}
+                if not isinstance(params, dict):
+                    raise TypeError(f"kv.params is a {type(params).__name__}, not an object")
                 ref = KvRef(
                     str(kv["connector"]), str(kv["store"]), int(kv["tokens"]), key,
-                    str(kv.get("id", "")),
+                    str(kv.get("id", "")), {str(k): v for k, v in params.items()},
                 )  # fmt: skip
             return cls(spec, generated, bool(raw.get("delta", False)), ref)
         except (ValueError, KeyError, TypeError, AttributeError) as err:
