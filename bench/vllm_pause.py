@@ -30,6 +30,7 @@ Why not MoveWorker through a daemon: each MoveWorker of a vLLM worker starts a n
 the same calls in the same order. ``bench/vllm_move_time.py`` runs whole MoveWorkers.
 
     nice -n 10 .venv/bin/python bench/vllm_pause.py [--contexts 256,8192] [--recompute 256,8192]
+        [--connector disk|nixl]
 """
 
 from __future__ import annotations
@@ -190,6 +191,10 @@ def main() -> None:
     p.add_argument("--before", type=int, default=10, help="tokens read before the move")
     p.add_argument("--after", type=int, default=10, help="tokens read after it")
     p.add_argument("--timeout-s", type=float, default=1500, help="the whole bench's deadline")
+    p.add_argument(
+        "--connector", choices=("disk", "nixl"), default="disk",
+        help="how KV travels: FleetShift's disk connector (a shared store) or vLLM's NIXL",
+    )  # fmt: skip
     args = p.parse_args()
     contexts = [int(x) for x in args.contexts.split(",")]
     recompute = [int(x) for x in args.recompute.split(",") if x]
@@ -201,11 +206,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = make_vllm_model(root / "model", window)
-        engine = {
+        engine: dict[str, object] = {
             "dtype": "float32", "max_model_len": window, "kv_cache_gib": 1.0,
             "enforce_eager": True, "kv_connector": "FleetShiftDiskConnector",
             "kv_connector_path": str(root / "kv-store"),
         }  # fmt: skip
+        if args.connector == "nixl":
+            engine |= {"kv_connector": "NixlConnector", "kv_connector_path": ""}
+        print(f"KV connector: {engine['kv_connector']}", flush=True)
         procs = [spawn_worker(model, root, name, engine) for name in ("src", "dst")]
         workers = []
         try:
