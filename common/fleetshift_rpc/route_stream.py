@@ -81,6 +81,10 @@ class _Lane:
     opened: bool = False  # the daemon's headers came: the stream is bound to its replica
     peer: str = ""
     keep: Callable[[_Lane], bool] = lambda lane: True
+    # A write failed: the connection went under it (a daemon stopped, its GOAWAY not yet read).
+    # grpc.aio then ends the call INTERNAL ("Failed execute_batch"), not with the transport's
+    # UNAVAILABLE, though the request never reached a daemon: its requests go again.
+    write_failed: bool = False
 
     async def write(self) -> None:
         assert self.call is not None
@@ -111,7 +115,11 @@ class _Lane:
                         pending = self.waiting.get(sent.id)
                         if pending is not None:
                             pending.written = True
-                    await self.call.write(batch)
+                    try:
+                        await self.call.write(batch)
+                    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                        self.write_failed = True
+                        raise
                 if item is None:
                     await self.call.done_writing()
                     return
@@ -260,7 +268,7 @@ class RouteClient:
                 continue
             if self._unary:
                 pending.answer.set_exception(_FallBack())
-            elif self._closed or ended.code() not in _RETRYABLE or pending.attempts >= RESEND_LIMIT:
+            elif self._closed or not _retryable(lane, ended) or pending.attempts >= RESEND_LIMIT:
                 pending.answer.set_exception(ended)
             else:
                 asyncio.get_running_loop().call_later(RESEND_BACKOFF_S, self._resend, pending)
@@ -289,6 +297,14 @@ class RouteClient:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
         self._lanes = [None] * len(self._lanes)
+
+
+def _retryable(lane: _Lane, ended: grpc.aio.AioRpcError) -> bool:
+    """Whether a broken stream's requests go again: the daemon went away (UNAVAILABLE), the
+    stream was cancelled under them, or grpc.aio turned a write on a dead connection into
+    INTERNAL (``_Lane.write_failed``)."""
+    code = ended.code()
+    return code in _RETRYABLE or (lane.write_failed and code is grpc.StatusCode.INTERNAL)
 
 
 class _FallBack(Exception):
