@@ -207,10 +207,9 @@ def kv_transfer_config(a: EngineArgs, cuda: bool = False) -> str:
         # A pull that fails (the source gone, its lease expired) recomputes the blocks: the
         # session goes on from its token history rather than ending with an error (vLLM's
         # default, "fail"). The source keeps an export's blocks for the same TTL the disk
-        # store keeps an export's folder: a move's import comes seconds after its export,
-        # but one session's import waits behind the others' (and behind the first pull's
-        # handshake with a new source, seconds on a loaded CPU), and vLLM's own 30 s lease
-        # expired under a four-session move here.
+        # store keeps an export's folder: a move imports each session seconds after its
+        # export, but the first pull from a new source waits for NIXL's handshake, which
+        # outlived vLLM's own 30 s lease on this loaded 2-core machine.
         config["kv_load_failure_policy"] = "recompute"
         config["kv_connector_extra_config"] = {"kv_lease_duration": int(a.kv_store_ttl_s)}
     return json.dumps(config)

@@ -159,7 +159,7 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
             task.cancel()
             raise
         finally:
-            if kv_load is not None and not kv_load.params:  # a disk export: single-use
+            if kv_load is not None and kv_load.id:  # a disk export (NIXL's have no id): single-use
                 await asyncio.to_thread(kv_store.remove, self.identity.kv_store, kv_load.id)
         self.state.tasks[spec.session_id] = task
         task.add_done_callback(lambda _: self._forget(spec.session_id, task))
@@ -363,10 +363,10 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         running = resume and sid in self.state.tasks
         self._hold(sid)
         generated = list(feed.tokens)
-        export_id = kv_store.new_id()
         try:
             if self.identity.kv_connector == NIXL_CONNECTOR:
                 return generated, await self._offer_kv(spec, generated)
+            export_id = kv_store.new_id()
             block = self._last.block_size or (await self._stats()).block_size
             tokens = carried_tokens(len(spec.prompt) + len(generated), block)
             if not tokens:
@@ -385,9 +385,9 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
     async def _offer_kv(self, spec: SessionSpec, generated: list[int]) -> KvRef:
         """NIXL: prefill the context once more asking vLLM to keep its blocks for a remote
         decode (its prefix cache holds them: only the tail is computed); vLLM answers where
-        another vLLM pulls them from. It frees them once pulled, or after its own abort
-        timeout (``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``) when no destination comes (a move
-        rolled back)."""
+        another vLLM pulls them from. It frees them once pulled, or when their lease ends
+        (``kv_lease_duration``, the store's TTL: ``server.kv_transfer_config``) if no
+        destination comes (a move rolled back)."""
         params = await self.client.prefill_for_transfer(
             spec.kv_completion(generated, {"do_remote_decode": True})
         )
