@@ -207,3 +207,71 @@ async def test_kv_that_cannot_travel_is_recomputed_and_said(
     alone = vllm_alone_runs(vllm_python, vllm_model, runs, tmp_path)
     assert moved == dict(zip(cases, alone, strict=False))
     assert kept_tokens == alone[-1]
+
+
+async def test_a_precopied_session_pauses_only_for_its_tokens(
+    fleet: LocalFleet, vllm_python: str, vllm_model: Path, tmp_path: Path
+) -> None:
+    """Worker to worker, as the executor's pre-copy does it on the disk connector: the base
+    export stores the context's KV while the session decodes on (it is not held), the
+    target stages it and loads it into its vLLM at once, and after the Pause the final delta
+    writes no KV (the store holds the base's folder only); the session starts on the target
+    from the base's blocks, found in its prefix cache, computes the tokens after them, and
+    the client's tokens equal vLLM alone's."""
+    async with grpc.aio.insecure_channel(fleet.daemon_address) as daemon:
+        ops = pb_grpc.OperationsStub(daemon)
+        src = await start_worker(ops, "cpu-a", KV_MODEL)
+        dst = await start_worker(ops, "cpu-b", KV_MODEL)
+        async with (
+            grpc.aio.insecure_channel(src.endpoint) as a_ch,
+            grpc.aio.insecure_channel(dst.endpoint) as b_ch,
+        ):
+            a, b = worker_pb2_grpc.WorkerServiceStub(a_ch), worker_pb2_grpc.WorkerServiceStub(b_ch)
+            toks, n = prompt(300, 8), 200
+            call = a.Generate(greq("pre", toks, n))
+            got = [(await call.read()).token]
+            base = await a.ExportSession(
+                worker_pb2.ExportSessionRequest(session_id="pre", with_kv=True)
+            )
+            assert base.kv_included and not base.delta
+            staged = await b.ImportSession(
+                worker_pb2.ImportSessionRequest(blob=base.blob, staged=True)
+            )
+            # Staged: the KV is loaded into the target's vLLM now, not at the switch.
+            assert staged.staged and staged.kv_restored, staged.kv_note
+            assert "loaded ahead" in staged.kv_note, staged.kv_note
+            while len(got) < base.generated + 4:  # it decodes on after the base export
+                got.append((await call.read()).token)
+            await a.Pause(worker_pb2.WorkerPauseRequest())
+            delta = await a.ExportSession(
+                worker_pb2.ExportSessionRequest(
+                    session_id="pre", with_kv=True, release=True, from_token=base.tokens
+                )
+            )
+            assert delta.delta and not delta.kv_included
+            assert delta.generated > base.generated
+            assert len(stored(fleet)) == 1  # the base's folder: the delta wrote none
+            imported = await b.ImportSession(
+                worker_pb2.ImportSessionRequest(blob=delta.blob, delta_for="pre")
+            )
+            assert stored(fleet) == []  # loaded: the base's folder is gone
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                while (more := await call.read()) != grpc.aio.EOF:
+                    got.append(more.token)
+            assert ended.value.code() == grpc.StatusCode.ABORTED  # "moved"
+            assert len(got) == delta.generated  # every token up to the move, then the end
+            stream = b.Generate(
+                worker_pb2.GenerateRequest(resume_session_id="pre", resume_from_token=len(got))
+            )
+            got += [m.token async for m in stream]
+            await a.Resume(worker_pb2.WorkerResumeRequest())
+    fleet.stop()
+    assert imported.kv_restored, imported.kv_note
+    found = re.search(r"(\d+) of (\d+) context tokens loaded", imported.kv_note)
+    assert found is not None, imported.kv_note
+    loaded, context = int(found.group(1)), int(found.group(2))
+    assert loaded == (base.tokens - 1) // BLOCK * BLOCK > 0, imported.kv_note
+    assert "while the session was staged" in imported.kv_note, imported.kv_note
+    assert context == delta.tokens > base.tokens  # the tokens after the base were computed
+    (alone,) = vllm_alone_runs(vllm_python, vllm_model, [run(toks, n)], tmp_path)
+    assert got == alone

@@ -11,7 +11,14 @@ import json
 
 from fleetshift.v1 import worker_pb2
 from fleetshift_agent.vllm_worker.app import nixl_host
-from fleetshift_agent.vllm_worker.kv import carried_tokens, key_fields, kv_refusal, nixl_tokens
+from fleetshift_agent.vllm_worker.kv import (
+    TAIL_TOKENS,
+    carried_tokens,
+    export_carries_kv,
+    key_fields,
+    kv_refusal,
+    nixl_tokens,
+)
 from fleetshift_agent.vllm_worker.server import (
     DISK_CONNECTOR,
     NIXL_CONNECTOR,
@@ -119,3 +126,32 @@ def test_a_nixl_worker_advertises_its_side_channel_on_its_own_address() -> None:
     assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in server_env(ServerSpec("py", "/m", "m", disk), {})
     assert nixl_host("10.0.0.7:0") == "10.0.0.7" and nixl_host("[fd00::7]:0") == "fd00::7"
     assert nixl_host("0.0.0.0:0") == "127.0.0.1" and nixl_host("127.0.0.1:0") == "127.0.0.1"
+
+
+def test_a_precopy_stores_the_kv_once_and_its_deltas_carry_tokens() -> None:
+    """Disk: the base export (while the session decodes) writes the KV, a delta after it
+    none unless its session ran on more than TAIL_TOKENS past it (then the destination would
+    compute them all inside the pause), so the pause before the last delta does not grow
+    with the context. NIXL: an offer only once the session stands still (paused, or
+    leaving), never a pre-copy's."""
+    disk, n = DISK_CONNECTOR, 8192
+    assert export_carries_kv(disk, 0, release=False, paused=False, context=n)  # pre-copy
+    assert export_carries_kv(disk, 0, release=False, paused=True, context=n)  # stop-and-copy
+    assert not export_carries_kv(disk, n, release=False, paused=True, context=n + 30)  # delta
+    assert not export_carries_kv(disk, n, release=True, paused=True, context=n + TAIL_TOKENS)
+    assert export_carries_kv(disk, n, release=False, paused=False, context=n + TAIL_TOKENS + 1)
+    nixl = NIXL_CONNECTOR
+    assert not export_carries_kv(nixl, 0, release=False, paused=False, context=n)
+    assert export_carries_kv(nixl, n, release=False, paused=True, context=n + 30)
+    assert export_carries_kv(nixl, 0, release=True, paused=False, context=n)
+
+
+def test_a_delta_without_kv_loads_the_precopied_blocks_and_computes_the_rest() -> None:
+    """The load names the export's token count, so a request longer than the pre-copied
+    context loads exactly the export's blocks."""
+    spec = SessionSpec("s", tuple(range(3, 303)), 200, 0.0, 1.0, 0)
+    base = KvRef(DISK_CONNECTOR, "/kv", carried_tokens(300 + 5, 128), KEY, "a" * 32)
+    request = spec.completion(list(range(40)), kv=base)  # 40 generated since: 340 tokens
+    assert request.kv_transfer_params == {
+        "fleetshift_kv": "load", "fleetshift_kv_id": "a" * 32, "fleetshift_kv_tokens": 256
+    }  # fmt: skip

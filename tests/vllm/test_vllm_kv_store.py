@@ -66,7 +66,10 @@ def test_only_the_export_and_its_import_name_the_store() -> None:
     assert store["kv_transfer_params"] == {"fleetshift_kv": "store", "fleetshift_kv_id": export_id}
     ref = KvRef(DISK_CONNECTOR, "/kv", 128, {"dtype": "float32"}, export_id)
     load = spec.completion([4], kv=ref).body("m")
-    assert load["kv_transfer_params"] == {"fleetshift_kv": "load", "fleetshift_kv_id": export_id}
+    # The load names the export's token count: after a pre-copy the loading request is longer.
+    assert load["kv_transfer_params"] == {
+        "fleetshift_kv": "load", "fleetshift_kv_id": export_id, "fleetshift_kv_tokens": 128
+    }  # fmt: skip
     assert "kv_transfer_params" not in spec.completion([4]).body("m")  # any other request
     assert Carried.from_blob(spec.to_blob([4], kv=ref)).kv == ref
 

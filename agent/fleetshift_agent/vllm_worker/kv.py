@@ -55,6 +55,35 @@ def carried_tokens(context_len: int, block_size: int) -> int:
     return (context_len - 1) // block_size * block_size
 
 
+# A delta whose session ran on further than this past its pre-copied KV stores its KV
+# afresh: the destination would otherwise compute every token after the old export inside
+# the pause. Not tuned on any measurement: a fixed bound on the tail a pause may compute (a
+# short prefill on a GPU; tens of ms for the tiny CPU model). The executor's catch-up rounds
+# go on while deltas carry KV, so a session that decodes fast is caught up to it.
+TAIL_TOKENS = 256
+
+
+def export_carries_kv(
+    connector: str, from_token: int, release: bool, paused: bool, context: int
+) -> bool:
+    """Which exports (ExportSession with_kv) hand the session's KV on, the session's
+    ``context`` (prompt + generated) standing where it is.
+
+    On the disk connector, every export but a short delta: a pre-copy stores the context as
+    it stands while the session decodes on, and a delta at most ``TAIL_TOKENS`` past it
+    carries only tokens, so the pause before the last delta writes no KV whatever the
+    context's length; the destination loads the pre-copied blocks and computes the few
+    tokens after them. A longer delta stores the KV again.
+
+    Over NIXL, only once the session stands still (the worker paused, or the session
+    leaving): the destination pulls at its import, so the offer must be of the final
+    context; an offer pins its blocks in the source's vLLM until pulled or its lease ends,
+    and one made while the worker still runs (a pre-copy) would never be pulled."""
+    if connector == NIXL_CONNECTOR:
+        return release or paused
+    return not from_token or context - from_token > TAIL_TOKENS
+
+
 def kv_refusal(
     kv: KvRef | None,
     connector: str,
@@ -105,8 +134,35 @@ def nixl_tokens(params: Mapping[str, object], context_len: int) -> int:
     return min(offered, context_len) if isinstance(offered, int) else context_len
 
 
-def restored_note(kv: KvRef, context_len: int, loaded: int, local: int) -> str:
-    """The import's answer when the KV could travel: what vLLM's counters say it did."""
+STAGED_NOTE = "KV recomputed: staged (the KV is looked up when it starts)"
+
+
+def staged_note(kv: KvRef, context_len: int, loaded: int) -> str:
+    """A staged import's answer: what vLLM loaded ahead, by its own count."""
+    if loaded <= 0:
+        return (
+            f"staged; the KV of {kv.tokens} tokens was offered from {kv.store!r} but vLLM "
+            "loaded none ahead (it is looked up again when the session starts)"
+        )
+    return (
+        f"staged; {loaded} of {context_len} context tokens loaded ahead from {kv.store!r} "
+        "into vLLM's prefix cache"
+    )
+
+
+def restored_note(
+    kv: KvRef, context_len: int, loaded: int, local: int, *, ahead: bool = False
+) -> str:
+    """The import's answer when the KV could travel: what vLLM's counters say it did.
+    ``ahead``: ``loaded`` tokens came in while the session was staged, and the ``local``
+    prefix-cache hits at its start are where they were found again."""
+    if ahead:
+        computed = max(0, context_len - local)
+        return (
+            f"KV restored by vLLM's {kv.connector}: {loaded} of {context_len} context tokens "
+            f"loaded from {kv.store!r} while the session was staged, {local} found in the "
+            f"local prefix cache at its start, {computed} computed"
+        )
     computed = max(0, context_len - loaded - local)
     if loaded <= 0:
         return (

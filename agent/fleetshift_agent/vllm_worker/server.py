@@ -46,20 +46,71 @@ DISK_CONNECTOR_MODULE = "fleetshift_vllm_disk"
 # folder could ever be deleted safely. Here each folder is single-use: written by one export,
 # read by the one import that names it, then deleted (kv_store). The id rides through vLLM's
 # metadata as a "multimodal hash", which upstream already threads from the scheduler to the
-# workers and into the folder's key. It runs inside vLLM's interpreter (no FleetShift there):
-# the shim writes it beside the server and puts it on the server's PYTHONPATH.
-DISK_CONNECTOR_SOURCE = """
+# workers and into the folder's key. (3) A load may name how many tokens the export holds
+# ("fleetshift_kv_tokens", whole blocks): a pre-copied export holds the context as it stood
+# while the session still decoded, and the request that continues the session after its
+# final delta is longer; it loads the export's blocks and computes the rest. Without it the
+# load covers the request's whole blocks, as before. It runs inside vLLM's interpreter (no
+# FleetShift there): the shim writes it beside the server and puts it on the server's
+# PYTHONPATH. (4) It copies whole blocks (BLOCK_COPY_SOURCE, one copy per block) where
+# upstream gathers and scatters token by token, and names an export's folder once per
+# request, not once per layer: py-spy on an 8k-token export found the per-token gather most
+# of its time, inside the engine step that the sessions still decoding on the source wait
+# for (a pre-copy's hiccup).
+BLOCK_COPY_SOURCE = """
+def _whole_blocks(slot_mapping, block_size):
+    # The blocks a slot mapping covers when it covers whole blocks, each slot in order (as
+    # make_meta builds one for a store or a load); None otherwise.
+    n = int(slot_mapping.numel())
+    if n == 0 or n % block_size:
+        return None
+    starts = slot_mapping[::block_size]
+    if bool((starts % block_size).any()):
+        return None
+    offsets = torch.arange(block_size, device=starts.device, dtype=starts.dtype)
+    if not torch.equal((starts.view(-1, 1) + offsets).flatten(), slot_mapping):
+        return None
+    return starts // block_size
+
+
+def take_tokens(layer, slot_mapping, block_size):
+    # A [B, H, N, C] paged layer's tokens at slot_mapping, as [T, H, C] (upstream's
+    # layer[slot // N, :, slot % N]), copied a whole block at a time where it can be.
+    blocks = _whole_blocks(slot_mapping, block_size)
+    if blocks is None or layer.dim() < 4:
+        return layer[slot_mapping // block_size, :, slot_mapping % block_size]
+    picked = layer.index_select(0, blocks).transpose(1, 2)
+    return picked.reshape(-1, layer.shape[1], *layer.shape[3:])
+
+
+def put_tokens(layer, slot_mapping, block_size, kv):
+    # The inverse: write [T, H, C] into the layer's slots, a whole block at a time.
+    blocks = _whole_blocks(slot_mapping, block_size)
+    if blocks is None or layer.dim() < 4:
+        layer[slot_mapping // block_size, :, slot_mapping % block_size] = kv
+        return
+    shaped = kv.reshape(blocks.numel(), block_size, layer.shape[1], *layer.shape[3:])
+    layer.index_copy_(0, blocks, shaped.transpose(1, 2).to(layer.dtype))
+"""
+DISK_CONNECTOR_SOURCE = (
+    """
 import hashlib
 import os
 
+import safetensors.torch
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (
     ExampleConnector,
     ExampleConnectorMetadata,
+    MLACommonMetadata,
     align_to_block_size,
 )
+from vllm.utils.gpu_sync_debug import gpu_sync_allowed
 
 MARK = "fleetshift-kv:"
+"""
+    + BLOCK_COPY_SOURCE
+    + """
 
 
 def _asked(request):
@@ -71,11 +122,69 @@ def _asked(request):
     return what, export_id
 
 
+def _load_len(request, block_size):
+    # The prompt tokens a load covers: the export's own count when it names one (whole
+    # blocks, never past the prompt's), else the prompt's whole blocks.
+    tokens = len(request.prompt_token_ids or [])
+    n = align_to_block_size(tokens, block_size)
+    named = (getattr(request, "kv_transfer_params", None) or {}).get("fleetshift_kv_tokens")
+    if isinstance(named, int) and 0 < named < n and named % block_size == 0:
+        return named
+    return n
+
+
 class FleetShiftDiskConnector(ExampleConnector):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._fs_store = {}  # request id -> export id: store its prompt's KV
         self._fs_load = {}  # request id -> export id: load its prompt's KV
+        self._fs_folders_of = None  # the step's metadata the folders below belong to
+        self._fs_folders = {}  # id(ReqMeta) -> its folder, named once per step, not per layer
+
+    def _folder_of(self, request, create):
+        meta = self._get_connector_metadata()
+        if self._fs_folders_of is not meta:
+            self._fs_folders_of, self._fs_folders = meta, {}
+        folder = self._fs_folders.get(id(request))
+        if folder is None:
+            folder = self._generate_foldername_debug(
+                request.token_ids, request.mm_hashes, create_folder=create
+            )
+            self._fs_folders[id(request)] = folder
+        return folder
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        if isinstance(attn_metadata, MLACommonMetadata):
+            return super().save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+        for request in self._get_connector_metadata().requests:
+            if not request.is_store:
+                continue
+            folder = self._folder_of(request, create=True)
+            with gpu_sync_allowed():
+                slots = request.slot_mapping.to(kv_layer.device)
+                kv = take_tokens(kv_layer, slots, self._block_size).detach().cpu()
+            path = os.path.join(folder, layer_name + ".safetensors")
+            safetensors.torch.save_file({"kv_cache": kv.contiguous()}, path)
+
+    def start_load_kv(self, forward_context, **kwargs):
+        attn = forward_context.attn_metadata
+        if not isinstance(attn, dict) or any(
+            isinstance(m, MLACommonMetadata) for m in attn.values()
+        ):
+            return super().start_load_kv(forward_context, **kwargs)
+        for request in self._get_connector_metadata().requests:
+            if request.is_store:
+                continue
+            folder = self._folder_of(request, create=False)
+            for layer_name, layer in forward_context.no_compile_layers.items():
+                paged = getattr(layer, "kv_cache", None)
+                if paged is None:
+                    continue
+                path = os.path.join(folder, layer_name + ".safetensors")
+                with gpu_sync_allowed():
+                    kv = safetensors.torch.load_file(path)["kv_cache"].to(paged.device)
+                    slots = request.slot_mapping.to(paged.device)
+                put_tokens(paged, slots, self._block_size, kv)
 
     def _generate_foldername_debug(self, token_ids, mm_hashes, create_folder=False):
         marks = [h for h in mm_hashes or [] if h.startswith(MARK)]
@@ -97,10 +206,10 @@ class FleetShiftDiskConnector(ExampleConnector):
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         what, export_id = _asked(request)
-        tokens = list(request.prompt_token_ids or [])
+        n = _load_len(request, self._block_size)
+        tokens = list(request.prompt_token_ids or [])[: n + 1]  # aligns down to n
         if what != "load" or not self._found_match_for_prompt(tokens, [MARK + export_id]):
             return 0, False
-        n = align_to_block_size(len(tokens), self._block_size)
         return max(0, n - num_computed_tokens), False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
@@ -117,9 +226,13 @@ class FleetShiftDiskConnector(ExampleConnector):
             rid = new_req.req_id
             store = rid not in self._requests_need_load and rid in self._fs_store
             export_id = self._fs_store.pop(rid, "") if store else self._fs_load.get(rid, "")
+            token_ids = new_req.prompt_token_ids or []
+            if rid in self._requests_need_load:
+                n = _load_len(self._requests_need_load[rid], self._block_size)
+                token_ids = token_ids[: n + 1]  # the export's blocks (make_meta aligns down)
             if store or rid in self._requests_need_load:
                 meta.add_request(
-                    token_ids=new_req.prompt_token_ids or [],
+                    token_ids=token_ids,
                     block_ids=new_req.block_ids[0],
                     block_size=self._block_size,
                     is_store=store,
@@ -131,6 +244,7 @@ class FleetShiftDiskConnector(ExampleConnector):
                 continue
             request = self._requests_need_load[rid]
             total = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens[rid]
+            total = min(total, _load_len(request, self._block_size) + 1)
             meta.add_request(
                 token_ids=request.all_token_ids[:total],
                 block_ids=cached.new_block_ids[i][0],
@@ -146,6 +260,7 @@ class FleetShiftDiskConnector(ExampleConnector):
         self._fs_load.pop(request.request_id, None)
         return super().request_finished(request, block_ids)
 """
+)
 _ERROR_LINE = re.compile(r"([A-Za-z_][\w.]*(?:Error|Exception)\b.*|.*\berror: .*)")
 PR_SET_PDEATHSIG = 1
 

@@ -27,11 +27,14 @@ from fleetshift_agent.engine import TokenEvent
 from fleetshift_agent.vllm_worker import kv_store
 from fleetshift_agent.vllm_worker.client import VllmClient
 from fleetshift_agent.vllm_worker.kv import (
+    STAGED_NOTE,
     carried_tokens,
+    export_carries_kv,
     key_fields,
     kv_refusal,
     nixl_tokens,
     restored_note,
+    staged_note,
 )
 from fleetshift_agent.vllm_worker.metrics import LatencyWindow, VllmStats, p50_p99_ms, parse_metrics
 from fleetshift_agent.vllm_worker.server import NIXL_CONNECTOR
@@ -94,6 +97,8 @@ class VllmState:
     staged: dict[str, Carried] = field(default_factory=dict)
     held: set[str] = field(default_factory=set)  # live sessions without a vLLM request
     kv_load: dict[str, KvRef] = field(default_factory=dict)  # session -> the KV to load
+    # staged session -> the tokens of its KV loaded ahead into vLLM's prefix cache
+    preloaded: dict[str, int] = field(default_factory=dict)
 
 
 class VllmWorkerServicer(SessionServicer[VllmState]):
@@ -339,8 +344,15 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
             )
         kv = None
         generated = list(feed.tokens)
-        if request.with_kv and self.identity.exports_kv:
-            generated, kv = await self._store_kv(spec, feed, resume=not request.release)
+        i, length = self.identity, len(spec.prompt) + len(generated)
+        if (
+            request.with_kv
+            and i.exports_kv
+            and export_carries_kv(
+                i.kv_connector, request.from_token, request.release, self.state.paused, length
+            )
+        ):
+            generated, kv = await self._store_kv(spec, feed, hold=request.release)
         if request.release:
             self._end(feed.session_id, "moved")
         return worker_pb2.ExportSessionResponse(
@@ -352,33 +364,28 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         )
 
     async def _store_kv(
-        self, spec: SessionSpec, feed: Feed, *, resume: bool
+        self, spec: SessionSpec, feed: Feed, *, hold: bool
     ) -> tuple[list[int], KvRef | None]:
-        """Hand the session's KV to vLLM's disk connector: hold the session (its tokens stop
-        where they are), prefill its context once more (vLLM's prefix cache holds it: only
-        the last partial block is computed), which makes the connector store it. Returns the
-        tokens the stored KV belongs to, and where it is (None: shorter than one block). A
-        session that was running runs on afterwards if ``resume`` (not when it is leaving)."""
-        sid = spec.session_id
-        running = resume and sid in self.state.tasks
-        self._hold(sid)
+        """Hand the session's KV to the connector: prefill its context once more (vLLM's
+        prefix cache holds it: only the last partial block is computed), which makes the
+        disk connector store it (or vLLM keep it for a NIXL pull). Returns the tokens the KV
+        belongs to, and where it is (None: shorter than one block). With ``hold`` (the
+        session leaves) its tokens stop where they are first; without (a pre-copy) the
+        session decodes on beside the export, which takes the context as it stood."""
+        if hold:
+            self._hold(spec.session_id)
         generated = list(feed.tokens)
-        try:
-            if self.identity.kv_connector == NIXL_CONNECTOR:
-                return generated, await self._offer_kv(spec, generated)
-            export_id = kv_store.new_id()
-            block = self._last.block_size or (await self._stats()).block_size
-            tokens = carried_tokens(len(spec.prompt) + len(generated), block)
-            if not tokens:
-                return generated, None
-            await self.sweep_store()  # every export also clears what nobody imported
-            store = spec.kv_completion(generated, kv_params("store", export_id))
-            async for _ in self.client.stream(store):
-                pass
-        finally:
-            if running and not self.state.paused and sid in self.state.held:
-                self.state.held.discard(sid)
-                await self._launch(spec, feed)
+        if self.identity.kv_connector == NIXL_CONNECTOR:
+            return generated, await self._offer_kv(spec, generated)
+        export_id = kv_store.new_id()
+        block = self._last.block_size or (await self._stats()).block_size
+        tokens = carried_tokens(len(spec.prompt) + len(generated), block)
+        if not tokens:
+            return generated, None
+        await self.sweep_store()  # every export also clears what nobody imported
+        store = spec.kv_completion(generated, kv_params("store", export_id))
+        async for _ in self.client.stream(store):
+            pass
         i = self.identity
         return generated, KvRef(i.kv_connector, i.kv_store, tokens, self._key, export_id)
 
@@ -429,19 +436,23 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
                     f"delta_for: no staged session {request.delta_for!r} for this delta",
                     field="delta_for",
                 )
-            base = self.state.staged[sid].generated
-            if carried.generated[: len(base)] != base:
+            staged = self.state.staged[sid]
+            if carried.generated[: len(staged.generated)] != staged.generated:
                 raise FailedPrecondition(
                     "from_token: the delta does not continue the staged session's tokens",
                     field="from_token",
                 )
+            carried = await self._on_staged(staged, carried)
         elif carried.delta:
             raise InvalidArgument(
                 "blob is a delta: apply it to a staged session (delta_for)", field="delta_for"
             )
-        restored, note = False, "KV recomputed: staged (the KV is looked up when it starts)"
+        restored, note = False, STAGED_NOTE
         if request.staged:
+            before = self.state.staged.get(sid)
             self.state.staged[sid] = carried
+            if carried.kv is not None and (before is None or before.kv != carried.kv):
+                restored, note = await self._preload(carried)  # into vLLM now, not at the switch
         else:
             self.state.staged.pop(sid, None)
             restored, note = await self._start_carried(carried)
@@ -455,6 +466,47 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
             tokens=len(carried.spec.prompt) + len(carried.generated),
         )
 
+    async def _preload(self, carried: Carried) -> tuple[bool, str]:
+        """Load a staged session's KV ahead: a one-token request over the staged context
+        makes the disk connector load the export's blocks into this vLLM, whose prefix cache
+        keeps them, so the request that starts the session after its final delta finds them
+        here and the pause waits for no load. The export's folder stays until that request
+        (should vLLM evict the blocks meanwhile, it loads them again). Not over NIXL: the
+        offer is pulled once, at the final import."""
+        i, kv = self.identity, carried.kv
+        refusal = kv_refusal(kv, i.kv_connector, i.kv_store, self._key)
+        if kv is None or refusal or kv.connector == NIXL_CONNECTOR or self._stale(kv):
+            return False, STAGED_NOTE
+        sid = carried.spec.session_id
+        request = carried.spec.kv_completion(carried.generated, kv.load_params())
+        try:
+            before = await self._stats()
+            async for _ in self.client.stream(request):
+                pass
+            after = await self._stats()
+        except FleetShiftError as err:  # the final import loads it instead
+            log.warning("session %s: loading its staged KV ahead failed: %s", sid, err.message)
+            return False, STAGED_NOTE
+        loaded = after.external_prefix_cache_hits - before.external_prefix_cache_hits
+        self.state.preloaded[sid] = loaded
+        context = len(carried.spec.prompt) + len(carried.generated)
+        return loaded > 0, staged_note(kv, context, loaded)
+
+    async def _on_staged(self, staged: Carried, delta: Carried) -> Carried:
+        """A delta applied to its staged copy: a delta without KV of its own (the disk
+        connector's) keeps the staged export's; one with its own (NIXL's final offer)
+        replaces it, and a replaced disk export's folder goes."""
+        if delta.kv is None:
+            return replace(delta, kv=staged.kv)
+        if staged.kv is not None and staged.kv.id and staged.kv.id != delta.kv.id:
+            await self._drop_export(staged.kv)
+        return delta
+
+    async def _drop_export(self, kv: KvRef) -> None:
+        """Delete a disk export nobody will import (single-use folders; NIXL's have no id)."""
+        if kv.id and self.identity.kv_store and kv.store == self.identity.kv_store:
+            await asyncio.to_thread(kv_store.remove, self.identity.kv_store, kv.id)
+
     async def _start_carried(self, carried: Carried) -> tuple[bool, str]:
         """Start a carried session; whether vLLM took its KV from the connector, and the
         note that says which path it took. The KV's arrival is vLLM's own count (external
@@ -465,9 +517,8 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         if not refusal and carried.kv is not None:
             refusal = self._stale(carried.kv)
         if refusal or carried.kv is None:
-            kv = carried.kv
-            if kv is not None and i.kv_store and kv.store == i.kv_store and kv.id:
-                await asyncio.to_thread(kv_store.remove, i.kv_store, kv.id)  # unusable
+            if carried.kv is not None:
+                await self._drop_export(carried.kv)  # unusable here
             await self._run(carried.spec, carried.generated)
             return False, refusal
         self.state.kv_load[carried.spec.session_id] = carried.kv
@@ -480,6 +531,9 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         loaded = after.external_prefix_cache_hits - before.external_prefix_cache_hits
         local = after.prefix_cache_hits - before.prefix_cache_hits
         context = len(carried.spec.prompt) + len(carried.generated)
+        ahead = self.state.preloaded.pop(carried.spec.session_id, 0)
+        if loaded <= 0 < ahead and local > 0:  # loaded while staged, found here now
+            return True, restored_note(carried.kv, context, ahead, local, ahead=True)
         return loaded > 0, restored_note(carried.kv, context, loaded, local)
 
     def _stale(self, kv: KvRef) -> str:
@@ -505,7 +559,10 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         self, request: worker_pb2.CancelSessionRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.CancelSessionResponse:
         staged = self.state.staged.pop(request.session_id, None)
+        self.state.preloaded.pop(request.session_id, None)
         if staged is not None:
+            if staged.kv is not None:
+                await self._drop_export(staged.kv)  # a rolled-back move's pre-copy
             return worker_pb2.CancelSessionResponse(generated=len(staged.generated))
         feed = self.feeds.get(request.session_id)
         if feed.done:

@@ -103,8 +103,12 @@ class KvRef:
     params: dict[str, object] = field(default_factory=dict)
 
     def load_params(self) -> dict[str, object]:
-        """The kv_transfer_params of the request that loads this KV at the destination."""
-        return dict(self.params) if self.params else kv_params("load", self.id)
+        """The kv_transfer_params of the request that loads this KV at the destination. A
+        disk load names the export's token count: after a pre-copy the request that loads
+        it is longer than the context the export holds (the rest is computed)."""
+        if self.params:
+            return dict(self.params)
+        return kv_params("load", self.id) | {"fleetshift_kv_tokens": self.tokens}
 
 
 @dataclass(frozen=True)
