@@ -158,7 +158,7 @@ class FakeFleet:
             raise SessionEnded(f"worker {worker.worker_id!r}: no session {session_id!r}")
         tokens = held.sessions[session_id]
         blob = json.dumps({"session": session_id, "tokens": tokens, "kv": with_kv}).encode()
-        return ExportedSession(blob, tokens)
+        return ExportedSession(blob, tokens, with_kv)
 
     async def import_session(
         self, worker: WorkerRef, blob: bytes, *, delta_for: str = "", staged: bool = False

@@ -28,7 +28,7 @@ from fleetshift_daemon.core.execution import (
     Executor,
 )
 from fleetshift_daemon.core.fleet import GpuInfo, InventorySource, Registration
-from fleetshift_daemon.core.fleet_client import AgentRef, WorkerLaunch
+from fleetshift_daemon.core.fleet_client import AgentRef, ExportedSession, WorkerLaunch, WorkerRef
 from fleetshift_daemon.core.gpus import default_catalogue
 from fleetshift_daemon.core.moves import MovePlanner, MoveRequest
 from fleetshift_daemon.core.operations import (
@@ -406,6 +406,19 @@ async def test_a_vllm_model_moves_cold_even_to_its_own_gpu_model(tmp_path: Path)
         return await start(agent, launch)
 
     w.fleet.start_worker = recording  # type: ignore[method-assign]
+    export = w.fleet.export_session
+
+    async def decoding(
+        worker: WorkerRef, session_id: str, *, with_kv: bool, from_token: int = 0
+    ) -> ExportedSession:
+        """As a vLLM worker on the disk connector: its sessions decode on between rounds,
+        and a delta carries tokens only."""
+        if not w.fleet.workers[worker.worker_id].paused:
+            w.fleet.workers[worker.worker_id].sessions[session_id] += 5
+        out = await export(worker, session_id, with_kv=with_kv, from_token=from_token)
+        return dataclasses.replace(out, kv_included=with_kv and not from_token)
+
+    w.fleet.export_session = decoding  # type: ignore[method-assign]
     op, _ = daemon.ops.create(OperationKind.MOVE_WORKER, "test", "vllm", (step,))
     daemon.executor.submit(op)
     await daemon.executor.wait_idle()
@@ -414,7 +427,26 @@ async def test_a_vllm_model_moves_cold_even_to_its_own_gpu_model(tmp_path: Path)
     assert (launch.engine, launch.restore_snapshot_id) == ("vllm", "")
     assert EngineArgs.from_json(launch.engine_args_json) == engine_args
     assert "snapshot_worker" not in w.fleet.calls
+    # Its connector carries the KV across the cold move, so the sessions are pre-copied
+    # while the source decodes and only deltas wait for the pause (flat in context).
+    # One catch-up round each: a delta without KV would not shorten the pause however
+    # many rounds ran, and a session that decodes on never lets the rounds converge.
+    calls = w.fleet.calls
+    paused = calls.index("pause")
+    assert calls[:paused].count("export_session") == 2 * len(SESSIONS)
+    assert calls[paused:].count("export_session") == len(SESSIONS)
+    assert sorted(w.fleet.workers[launch.worker_id].sessions) == sorted(SESSIONS)
     w.engine.dispose()
+
+
+async def test_a_reference_cold_move_pauses_before_it_exports(world: World) -> None:
+    """A cold reference target recomputes every context anyway: no pre-copy, one export
+    per session after the pause."""
+    daemon = world.boot()
+    await run(world, daemon, StepKind.COLD_START)
+    calls = world.fleet.calls
+    assert "export_session" not in calls[: calls.index("pause")]
+    assert calls.count("export_session") == len(SESSIONS)
 
 
 class Observer(PhaseHook):

@@ -204,7 +204,7 @@ class GrpcFleetClient:
             lambda: self._worker(worker).ExportSession(request, timeout=RPC_TIMEOUT_S),
             {grpc.StatusCode.FAILED_PRECONDITION: SessionEnded},
         )
-        return ExportedSession(bytes(reply.blob), int(reply.tokens))
+        return ExportedSession(bytes(reply.blob), int(reply.tokens), bool(reply.kv_included))
 
     async def import_session(
         self, worker: WorkerRef, blob: bytes, *, delta_for: str = "", staged: bool = False

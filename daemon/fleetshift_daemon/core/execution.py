@@ -534,9 +534,13 @@ class Executor:
         await self._fleet.set_draining(src, True)
         bases: dict[str, int] = {}
         moved_bytes = 0
-        if warm:  # a cold target recomputes the context anyway: pre-copy would not shorten it
-            bases, moved_bytes = await self._precopy(src, dst)
         with_kv = warm or self._kv_by_connector(source)
+        # Pre-copy wherever the KV travels: a warm target, or a vLLM target its connector
+        # feeds (the final delta then carries tokens, not the whole context's KV, so the
+        # pause does not grow with the context). A cold reference target recomputes the
+        # context anyway: pre-copy would not shorten it.
+        if with_kv:
+            bases, moved_bytes = await self._precopy(src, dst)
         paused_at = self._monotonic()
         await self._fleet.pause(src)
         step = await self._phase(op_id, step, P.SOURCE_PAUSED)
@@ -575,7 +579,10 @@ class Executor:
 
     async def _precopy(self, src: WorkerRef, dst: WorkerRef) -> tuple[dict[str, int], int]:
         """Copy each live session with its KV to the target as a held (staged) copy, then
-        catch up in rounds until a round finds at most one new token (Llumnix-style)."""
+        catch up in rounds until a round finds at most one new token (Llumnix-style), or
+        carries no KV: then the final delta is tokens only whenever it comes, and more
+        rounds would not shorten the pause (a vLLM worker's, whose sessions decode on
+        faster than rounds converge)."""
         bases: dict[str, int] = {}
         copied = 0
         for session_id in await self._fleet.session_ids(src):
@@ -599,7 +606,7 @@ class Executor:
                 await self._fleet.import_session(dst, more.blob, delta_for=session_id, staged=True)
                 grew, bases[session_id] = more.tokens - bases[session_id], more.tokens
                 copied += len(more.blob)
-                if grew <= 1:
+                if grew <= 1 or not more.kv_included:
                     break
         return bases, copied
 

@@ -54,6 +54,10 @@ class WorkerLaunch:
 class ExportedSession:
     blob: bytes  # opaque to the daemon: the worker's own serialisation (safetensors)
     tokens: int  # prompt + generated when exported: the base of the next delta
+    # Whether the blob carries KV. A vLLM worker's delta on the disk connector carries
+    # tokens only (the destination computes the few after the pre-copied KV), so another
+    # pre-copy round would not shorten the pause.
+    kv_included: bool = True
 
 
 class WorkerAlreadyRuns(AlreadyExists):
