@@ -153,11 +153,18 @@ class WorkerProcess:
 
 
 def spawn_worker(
-    model: Path, logs: Path, name: str, engine: dict[str, object], src: str = ""
+    model: Path,
+    logs: Path,
+    name: str,
+    engine: dict[str, object],
+    src: str = "",
+    nice: int = 0,
 ) -> Popen[bytes]:
     """A vLLM worker as the agent starts it; with ``src``, its FleetShift code (the shim)
     comes from that source tree (``git archive BASE agent common proto | tar -x -C src``), so
-    a bench can run a change's before and after side by side."""
+    a bench can run a change's before and after side by side. ``nice``: the worker and its
+    vLLM server run that much below the bench, so a client that would run on another host
+    in production is not starved by them on a shared 2-core machine."""
     env = None
     if src:
         root = Path(src).resolve()
@@ -172,8 +179,9 @@ def spawn_worker(
     ]  # fmt: skip
     with open(logs / f"{name}.log", "wb") as log:
         return subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
-        )
+            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+            preexec_fn=(lambda: os.nice(nice)) if nice else None,
+        )  # fmt: skip
 
 
 def wait_worker(proc: Popen[bytes], logs: Path, name: str, timeout_s: float = 620) -> WorkerProcess:
