@@ -105,9 +105,9 @@ async def run_case(src: Stub, dst: Stub, case: Case, seed: int, args: argparse.N
     sid = f"{case.label}-{case.context}-{case.rep}".replace(" ", "-")
     request = w.GenerateRequest(
         prompt_tokens=prompt(case.context, seed),
-        # As long as the window allows (at least --tokens): a session must still be
+        # --session-tokens, or as long as the window allows: a session must still be
         # decoding when the move reaches it, however far it runs ahead of a loaded client.
-        max_new_tokens=args.window - case.context - 8,
+        max_new_tokens=args.session_tokens or args.window - case.context - 8,
         sampling=w.WorkerSampling(temperature=0.0),
         session_id=sid,
     )
@@ -247,6 +247,11 @@ def main() -> None:
     p.add_argument("--recompute", default="256,8192", help="contexts moved as token history")
     p.add_argument("--tokens", type=int, default=600, help="the longest context's session length")
     p.add_argument("--repeat", type=int, default=1, help="rounds of every case, interleaved")
+    p.add_argument(
+        "--session-tokens", type=int, default=0,
+        help="each session's length (0: as long as the window allows; a short session may "
+        "end before the move reaches it)",
+    )  # fmt: skip
     p.add_argument(
         "--worker-nice", type=int, default=10,
         help="the workers' niceness above the client's: a client runs on another host in "
