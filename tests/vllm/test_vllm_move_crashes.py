@@ -5,6 +5,9 @@ kill at one phase; vLLM's CPU build starts a server in tens of seconds, so the c
 fleet (the daemon, two agents) and one worker, which each case moves from where the last one
 left it, and they cover the phases where a vLLM move differs most:
 
+- the daemon dies after the pre-copy (``during:precopied``): every session's KV is staged
+  on the target, the source not yet paused; rolled back, the target's staged exports go
+  with it;
 - the daemon dies after ``sessions_copied``: the target already runs a copy of every session
   (a vLLM import starts its request at once), the source holds the originals; before the
   switch, so the restarted daemon rolls back and the target's copies end with the target;
@@ -44,7 +47,7 @@ from fleetshift_rpc.sessions import follow_session
 from tests import crash_checks, fleet_checks
 from tests.crash_checks import arm, armed, assert_rolled_back, registered_anew
 from tests.fleet_checks import finished
-from tests.vllm.conftest import KV_MODEL, NODES, make_fleet
+from tests.vllm.conftest import KV_MODEL, KV_STORE, NODES, make_fleet
 from tests.vllm.test_vllm_workers import start_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1200)]
@@ -195,6 +198,12 @@ async def move_worker(
     return final, tokens
 
 
+def stored(fleet: LocalFleet) -> list[str]:
+    """The exports waiting in the disk connector's store."""
+    store = fleet.state_dir / KV_STORE
+    return sorted(p.name for p in store.iterdir()) if store.exists() else []
+
+
 def assert_mid_stream(streams: Streams) -> None:
     assert len(streams.open) == len(SESSIONS), f"sessions had ended: {streams.counts}"
 
@@ -241,6 +250,29 @@ async def test_daemon_killed_after_the_sessions_were_copied(
     op, tokens = await move_worker(fleet, worker, target, "-d-copied", crash)
     assert_rolled_back(op, "sessions_copied")
     assert op.steps[0].sessions_carried == len(SESSIONS)  # the copies existed
+    assert tokens == shared.reference
+    assert await registry_matches_agents(fleet) == {worker.worker_id}
+
+
+async def test_daemon_killed_after_the_precopy(fleet: LocalFleet, shared: Shared) -> None:
+    """The daemon dies once every session's KV was pre-copied and staged on the target
+    (loaded into its vLLM), before the source's pause: rolled back from ``target_started``;
+    the target is stopped and takes the exports it staged with it (the store is empty), the
+    source's sessions go on."""
+    worker, target = await source_and_target(fleet, shared)
+    arm(fleet, "during:precopied=crash")
+    exports: list[list[str]] = []
+
+    async def crash(streams: Streams) -> None:
+        assert fleet.daemon_proc is not None
+        await asyncio.to_thread(fleet.daemon_proc.wait, 600)
+        exports.append(stored(fleet))  # staged, waiting for a final delta that never comes
+        await daemon_crashed(fleet, streams)
+
+    op, tokens = await move_worker(fleet, worker, target, "-d-precopied", crash)
+    assert_rolled_back(op, "target_started")
+    assert len(exports[0]) == len(SESSIONS), exports  # each session's KV was pre-copied
+    assert stored(fleet) == []  # gone with the target that staged them
     assert tokens == shared.reference
     assert await registry_matches_agents(fleet) == {worker.worker_id}
 

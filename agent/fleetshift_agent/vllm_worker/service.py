@@ -606,11 +606,19 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         check_role(role, self.identity.kv_role)
 
     async def close(self) -> None:
+        """Stop every session; the exports this worker staged go too (each folder is
+        single-use and only this worker would have imported it: a move rolled back after
+        its pre-copy stops the target, and the store would keep them until the TTL)."""
         for task in list(self.state.tasks.values()):
             task.cancel()
         with contextlib.suppress(Exception):
             await asyncio.gather(*self.state.tasks.values(), return_exceptions=True)
         self.feeds.close_all("worker stopped")
+        for carried in list(self.state.staged.values()):
+            if carried.kv is not None:
+                with contextlib.suppress(OSError):
+                    await self._drop_export(carried.kv)
+        self.state.staged.clear()
 
 
 def check_role(role: str, kv_role: str) -> None:

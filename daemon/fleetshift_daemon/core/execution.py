@@ -541,6 +541,7 @@ class Executor:
         # context anyway: pre-copy would not shorten it.
         if with_kv:
             bases, moved_bytes = await self._precopy(src, dst)
+            await in_thread(self._failpoints.hit, "during:precopied")  # tests kill here
         paused_at = self._monotonic()
         await self._fleet.pause(src)
         step = await self._phase(op_id, step, P.SOURCE_PAUSED)
