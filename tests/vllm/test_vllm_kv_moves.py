@@ -29,7 +29,7 @@ from fleetshift.v1 import worker_pb2, worker_pb2_grpc
 from fleetshift_daemon.localfleet import LocalFleet
 from fleetshift_rpc.sessions import follow_session
 from tests.vllm.conftest import KV_MODEL, KV_STORE, vllm_alone_runs
-from tests.vllm.test_vllm_workers import start_worker
+from tests.vllm.test_vllm_workers import start_worker, worker_pair
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 TOKENS = 160  # long enough to still run on the target when each client relocates
@@ -146,52 +146,42 @@ async def test_kv_that_cannot_travel_is_recomputed_and_said(
     when the worker is paused however fast vLLM decodes and however slowly this client
     reacts: CI once saw a 160-token session end between a Resume and the next Pause."""
     store = fleet.state_dir / KV_STORE
-    async with grpc.aio.insecure_channel(fleet.daemon_address) as daemon:
-        ops = pb_grpc.OperationsStub(daemon)
-        src = await start_worker(ops, "cpu-a", KV_MODEL)
-        dst = await start_worker(ops, "cpu-b", KV_MODEL)
-        async with (
-            grpc.aio.insecure_channel(src.endpoint) as a_ch,
-            grpc.aio.insecure_channel(dst.endpoint) as b_ch,
-        ):
-            a, b = worker_pb2_grpc.WorkerServiceStub(a_ch), worker_pb2_grpc.WorkerServiceStub(b_ch)
-            cases = {"with-kv": prompt(300, 5), "emptied": prompt(300, 6)}
-            notes: dict[str, worker_pb2.ImportSessionResponse] = {}
-            took: dict[str, float] = {}
-            kept = prompt(200, 7)
-            kept_call = a.Generate(greq("kept", kept, KEPT, hold=1))
-            kept_tokens = [(await kept_call.read()).token]
-            firsts = {
-                sid: a.Generate(greq(sid, toks, TOKENS, hold=8)) for sid, toks in cases.items()
-            }
-            for first in firsts.values():
-                for _ in range(8):
-                    await first.read()
-            await a.Pause(worker_pb2.WorkerPauseRequest())
-            for sid, first in firsts.items():
-                still = await a.ExportSession(worker_pb2.ExportSessionRequest(session_id="kept"))
-                assert still.generated == 1  # held where it stood
-                exp = await a.ExportSession(
-                    worker_pb2.ExportSessionRequest(session_id=sid, with_kv=True)
-                )
-                assert exp.kv_included and exp.generated == 8
-                assert len(stored(fleet)) == 1  # this export's folder, and only it
-                if sid == "emptied":
-                    for entry in store.iterdir():
-                        shutil.rmtree(entry)
-                t0 = time.monotonic()
-                notes[sid] = await b.ImportSession(worker_pb2.ImportSessionRequest(blob=exp.blob))
-                took[sid] = time.monotonic() - t0
-                assert stored(fleet) == []  # imported: its folder is gone
-                await a.CancelSession(worker_pb2.CancelSessionRequest(session_id=sid))
-                first.cancel()
-            await a.Resume(worker_pb2.WorkerResumeRequest())
-            while (more := await kept_call.read()) != grpc.aio.EOF:
-                kept_tokens.append(more.token)
-            moved = {}
-            for sid in cases:
-                stream = b.Generate(worker_pb2.GenerateRequest(resume_session_id=sid))
-                moved[sid] = [m.token async for m in stream]
+    async with worker_pair(fleet, KV_MODEL) as (a, b):
+        cases = {"with-kv": prompt(300, 5), "emptied": prompt(300, 6)}
+        notes: dict[str, worker_pb2.ImportSessionResponse] = {}
+        took: dict[str, float] = {}
+        kept = prompt(200, 7)
+        kept_call = a.Generate(greq("kept", kept, KEPT, hold=1))
+        kept_tokens = [(await kept_call.read()).token]
+        firsts = {sid: a.Generate(greq(sid, toks, TOKENS, hold=8)) for sid, toks in cases.items()}
+        for first in firsts.values():
+            for _ in range(8):
+                await first.read()
+        await a.Pause(worker_pb2.WorkerPauseRequest())
+        for sid, first in firsts.items():
+            still = await a.ExportSession(worker_pb2.ExportSessionRequest(session_id="kept"))
+            assert still.generated == 1  # held where it stood
+            exp = await a.ExportSession(
+                worker_pb2.ExportSessionRequest(session_id=sid, with_kv=True)
+            )
+            assert exp.kv_included and exp.generated == 8
+            assert len(stored(fleet)) == 1  # this export's folder, and only it
+            if sid == "emptied":
+                for entry in store.iterdir():
+                    shutil.rmtree(entry)
+            t0 = time.monotonic()
+            notes[sid] = await b.ImportSession(worker_pb2.ImportSessionRequest(blob=exp.blob))
+            took[sid] = time.monotonic() - t0
+            assert stored(fleet) == []  # imported: its folder is gone
+            await a.CancelSession(worker_pb2.CancelSessionRequest(session_id=sid))
+            first.cancel()
+        await a.Resume(worker_pb2.WorkerResumeRequest())
+        while (more := await kept_call.read()) != grpc.aio.EOF:
+            kept_tokens.append(more.token)
+        moved = {}
+        for sid in cases:
+            stream = b.Generate(worker_pb2.GenerateRequest(resume_session_id=sid))
+            moved[sid] = [m.token async for m in stream]
     fleet.stop()
     kv, emptied = notes["with-kv"], notes["emptied"]
     context = kv.tokens
@@ -218,53 +208,43 @@ async def test_a_precopied_session_pauses_only_for_its_tokens(
     writes no KV (the store holds the base's folder only); the session starts on the target
     from the base's blocks, found in its prefix cache, computes the tokens after them, and
     the client's tokens equal vLLM alone's."""
-    async with grpc.aio.insecure_channel(fleet.daemon_address) as daemon:
-        ops = pb_grpc.OperationsStub(daemon)
-        src = await start_worker(ops, "cpu-a", KV_MODEL)
-        dst = await start_worker(ops, "cpu-b", KV_MODEL)
-        async with (
-            grpc.aio.insecure_channel(src.endpoint) as a_ch,
-            grpc.aio.insecure_channel(dst.endpoint) as b_ch,
-        ):
-            a, b = worker_pb2_grpc.WorkerServiceStub(a_ch), worker_pb2_grpc.WorkerServiceStub(b_ch)
-            toks, n = prompt(300, 8), 200
-            call = a.Generate(greq("pre", toks, n))
-            got = [(await call.read()).token]
-            base = await a.ExportSession(
-                worker_pb2.ExportSessionRequest(session_id="pre", with_kv=True)
+    async with worker_pair(fleet, KV_MODEL) as (a, b):
+        toks, n = prompt(300, 8), 200
+        call = a.Generate(greq("pre", toks, n))
+        got = [(await call.read()).token]
+        base = await a.ExportSession(
+            worker_pb2.ExportSessionRequest(session_id="pre", with_kv=True)
+        )
+        assert base.kv_included and not base.delta
+        staged = await b.ImportSession(worker_pb2.ImportSessionRequest(blob=base.blob, staged=True))
+        # Staged: the KV is loaded into the target's vLLM now, not at the switch.
+        assert staged.staged and staged.kv_restored, staged.kv_note
+        assert "loaded ahead" in staged.kv_note, staged.kv_note
+        while len(got) < base.generated + 4:  # it decodes on after the base export
+            got.append((await call.read()).token)
+        await a.Pause(worker_pb2.WorkerPauseRequest())
+        delta = await a.ExportSession(
+            worker_pb2.ExportSessionRequest(
+                session_id="pre", with_kv=True, release=True, from_token=base.tokens
             )
-            assert base.kv_included and not base.delta
-            staged = await b.ImportSession(
-                worker_pb2.ImportSessionRequest(blob=base.blob, staged=True)
-            )
-            # Staged: the KV is loaded into the target's vLLM now, not at the switch.
-            assert staged.staged and staged.kv_restored, staged.kv_note
-            assert "loaded ahead" in staged.kv_note, staged.kv_note
-            while len(got) < base.generated + 4:  # it decodes on after the base export
-                got.append((await call.read()).token)
-            await a.Pause(worker_pb2.WorkerPauseRequest())
-            delta = await a.ExportSession(
-                worker_pb2.ExportSessionRequest(
-                    session_id="pre", with_kv=True, release=True, from_token=base.tokens
-                )
-            )
-            assert delta.delta and not delta.kv_included
-            assert delta.generated > base.generated
-            assert len(stored(fleet)) == 1  # the base's folder: the delta wrote none
-            imported = await b.ImportSession(
-                worker_pb2.ImportSessionRequest(blob=delta.blob, delta_for="pre")
-            )
-            assert stored(fleet) == []  # loaded: the base's folder is gone
-            with pytest.raises(grpc.aio.AioRpcError) as ended:
-                while (more := await call.read()) != grpc.aio.EOF:
-                    got.append(more.token)
-            assert ended.value.code() == grpc.StatusCode.ABORTED  # "moved"
-            assert len(got) == delta.generated  # every token up to the move, then the end
-            stream = b.Generate(
-                worker_pb2.GenerateRequest(resume_session_id="pre", resume_from_token=len(got))
-            )
-            got += [m.token async for m in stream]
-            await a.Resume(worker_pb2.WorkerResumeRequest())
+        )
+        assert delta.delta and not delta.kv_included
+        assert delta.generated > base.generated
+        assert len(stored(fleet)) == 1  # the base's folder: the delta wrote none
+        imported = await b.ImportSession(
+            worker_pb2.ImportSessionRequest(blob=delta.blob, delta_for="pre")
+        )
+        assert stored(fleet) == []  # loaded: the base's folder is gone
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            while (more := await call.read()) != grpc.aio.EOF:
+                got.append(more.token)
+        assert ended.value.code() == grpc.StatusCode.ABORTED  # "moved"
+        assert len(got) == delta.generated  # every token up to the move, then the end
+        stream = b.Generate(
+            worker_pb2.GenerateRequest(resume_session_id="pre", resume_from_token=len(got))
+        )
+        got += [m.token async for m in stream]
+        await a.Resume(worker_pb2.WorkerResumeRequest())
     fleet.stop()
     assert imported.kv_restored, imported.kv_note
     found = re.search(r"(\d+) of (\d+) context tokens loaded", imported.kv_note)

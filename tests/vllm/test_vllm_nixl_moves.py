@@ -30,15 +30,13 @@ import os
 import re
 from pathlib import Path
 
-import grpc
 import pytest
 
-from fleetshift.v1 import operations_pb2_grpc as pb_grpc
-from fleetshift.v1 import worker_pb2, worker_pb2_grpc
+from fleetshift.v1 import worker_pb2
 from fleetshift_daemon.localfleet import LocalFleet
 from tests.vllm.conftest import NIXL_MODEL, vllm_alone_runs
 from tests.vllm.test_vllm_kv_moves import greq, prompt, run
-from tests.vllm.test_vllm_workers import start_worker
+from tests.vllm.test_vllm_workers import worker_pair
 
 pytestmark = [
     pytest.mark.slow,
@@ -58,38 +56,28 @@ CASES = {"nixl-long": prompt(262, 11), "nixl-short": prompt(40, 12)}
 async def test_a_session_moves_with_its_kv_over_nixl(
     fleet: LocalFleet, vllm_python: str, vllm_model: Path, tmp_path: Path
 ) -> None:
-    async with grpc.aio.insecure_channel(fleet.daemon_address) as daemon:
-        ops = pb_grpc.OperationsStub(daemon)
-        src = await start_worker(ops, "cpu-a", NIXL_MODEL)
-        dst = await start_worker(ops, "cpu-b", NIXL_MODEL)
-        async with (
-            grpc.aio.insecure_channel(src.endpoint) as a_ch,
-            grpc.aio.insecure_channel(dst.endpoint) as b_ch,
-        ):
-            a, b = worker_pb2_grpc.WorkerServiceStub(a_ch), worker_pb2_grpc.WorkerServiceStub(b_ch)
-            firsts = {
-                sid: a.Generate(greq(sid, toks, TOKENS, hold=8)) for sid, toks in CASES.items()
-            }
-            before: dict[str, list[int]] = {sid: [] for sid in CASES}
-            for sid, first in firsts.items():
-                for _ in range(8):
-                    before[sid].append((await first.read()).token)
-            await a.Pause(worker_pb2.WorkerPauseRequest())
-            notes: dict[str, worker_pb2.ImportSessionResponse] = {}
-            for sid, first in firsts.items():
-                exp = await a.ExportSession(
-                    worker_pb2.ExportSessionRequest(session_id=sid, with_kv=True), timeout=120
-                )
-                assert exp.kv_included and exp.generated == 8
-                notes[sid] = await b.ImportSession(
-                    worker_pb2.ImportSessionRequest(blob=exp.blob), timeout=240
-                )
-                await a.CancelSession(worker_pb2.CancelSessionRequest(session_id=sid))
-                first.cancel()
-            after = {}
-            for sid in CASES:
-                stream = b.Generate(worker_pb2.GenerateRequest(resume_session_id=sid))
-                after[sid] = [m.token async for m in stream]
+    async with worker_pair(fleet, NIXL_MODEL) as (a, b):
+        firsts = {sid: a.Generate(greq(sid, toks, TOKENS, hold=8)) for sid, toks in CASES.items()}
+        before: dict[str, list[int]] = {sid: [] for sid in CASES}
+        for sid, first in firsts.items():
+            for _ in range(8):
+                before[sid].append((await first.read()).token)
+        await a.Pause(worker_pb2.WorkerPauseRequest())
+        notes: dict[str, worker_pb2.ImportSessionResponse] = {}
+        for sid, first in firsts.items():
+            exp = await a.ExportSession(
+                worker_pb2.ExportSessionRequest(session_id=sid, with_kv=True), timeout=120
+            )
+            assert exp.kv_included and exp.generated == 8
+            notes[sid] = await b.ImportSession(
+                worker_pb2.ImportSessionRequest(blob=exp.blob), timeout=240
+            )
+            await a.CancelSession(worker_pb2.CancelSessionRequest(session_id=sid))
+            first.cancel()
+        after = {}
+        for sid in CASES:
+            stream = b.Generate(worker_pb2.GenerateRequest(resume_session_id=sid))
+            after[sid] = [m.token async for m in stream]
     fleet.stop()
     for note in notes.values():
         assert note.kv_restored, note.kv_note

@@ -10,8 +10,9 @@ start naming vLLM's reason while the agent serves on with nothing half-registere
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -40,6 +41,24 @@ async def start_worker(
         pb.StartFleetWorkerRequest(model=model, role=fpb.WORKER_ROLE_MIXED, node_name=node),
         timeout=600,
     )
+
+
+@contextlib.asynccontextmanager
+async def worker_pair(
+    fleet: LocalFleet, model: str
+) -> AsyncIterator[tuple[worker_pb2_grpc.WorkerServiceStub, worker_pb2_grpc.WorkerServiceStub]]:
+    """Two workers of ``model`` started through the daemon, on cpu-a (the source) and cpu-b:
+    their WorkerService stubs, for tests that move sessions worker to worker as the executor
+    does."""
+    async with grpc.aio.insecure_channel(fleet.daemon_address) as daemon:
+        ops = pb_grpc.OperationsStub(daemon)
+        src = await start_worker(ops, "cpu-a", model)
+        dst = await start_worker(ops, "cpu-b", model)
+    async with (
+        grpc.aio.insecure_channel(src.endpoint) as a_ch,
+        grpc.aio.insecure_channel(dst.endpoint) as b_ch,
+    ):
+        yield worker_pb2_grpc.WorkerServiceStub(a_ch), worker_pb2_grpc.WorkerServiceStub(b_ch)
 
 
 async def listed(daemon: grpc.aio.Channel) -> list[fpb.WorkerStatus]:
