@@ -108,7 +108,9 @@ def rolls_forward(phase: StepPhase) -> bool:
 
 
 class PhaseHook(Protocol):
-    """Called (from a thread) after each phase is persisted: ``after:<phase>``."""
+    """Called (from a thread) after each phase is persisted, ``after:<phase>``, and at
+    named points inside a phase, ``during:<point>`` (``during:precopied``: every session
+    staged on the target, the source not yet paused): where tests crash the daemon."""
 
     def hit(self, name: str) -> None: ...
 
