@@ -473,9 +473,8 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         here and the pause waits for no load. The export's folder stays until that request
         (should vLLM evict the blocks meanwhile, it loads them again). Not over NIXL: the
         offer is pulled once, at the final import."""
-        i, kv = self.identity, carried.kv
-        refusal = kv_refusal(kv, i.kv_connector, i.kv_store, self._key)
-        if kv is None or refusal or kv.connector == NIXL_CONNECTOR or self._stale(kv):
+        kv = carried.kv
+        if kv is None or kv.connector == NIXL_CONNECTOR or self._refusal(kv):
             return False, STAGED_NOTE
         sid = carried.spec.session_id
         request = carried.spec.kv_completion(carried.generated, kv.load_params())
@@ -512,10 +511,7 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         note that says which path it took. The KV's arrival is vLLM's own count (external
         prefix-cache hits) across the start, so a KV that was offered but not found reads
         as recomputed, never as restored (imports come one at a time from the executor)."""
-        i = self.identity
-        refusal = kv_refusal(carried.kv, i.kv_connector, i.kv_store, self._key)
-        if not refusal and carried.kv is not None:
-            refusal = self._stale(carried.kv)
+        refusal = self._refusal(carried.kv)
         if refusal or carried.kv is None:
             if carried.kv is not None:
                 await self._drop_export(carried.kv)  # unusable here
@@ -535,6 +531,15 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         if loaded <= 0 < ahead and local > 0:  # loaded while staged, found here now
             return True, restored_note(carried.kv, context, ahead, local, ahead=True)
         return loaded > 0, restored_note(carried.kv, context, loaded, local)
+
+    def _refusal(self, kv: KvRef | None) -> str:
+        """Why this worker does not take ``kv`` (a note beginning "KV recomputed"), or "":
+        the key and store rules (``kv_refusal``), then the export's age (``_stale``)."""
+        i = self.identity
+        refusal = kv_refusal(kv, i.kv_connector, i.kv_store, self._key)
+        if not refusal and kv is not None:
+            refusal = self._stale(kv)
+        return refusal
 
     def _stale(self, kv: KvRef) -> str:
         """Why an export's KV is not taken although it may travel: it has no id (a blob
