@@ -81,8 +81,11 @@ class Case:
     ttft_s: float = 0.0
     pause_s: float = 0.0
     gap_before_s: float = 0.0
+    pause_rpc_s: float = 0.0  # the Pause call alone
     export_s: float = 0.0
     import_s: float = 0.0
+    reattach_s: float = 0.0  # from the import's answer to the first token on the target
+    quiet_before_s: float = 0.0  # from the last token before the Pause to the Pause
     note: str = ""
     restored: bool = False
     precopy_gap_s: float = 0.0  # the largest gap between the base export and the Pause
@@ -126,6 +129,7 @@ async def run_case(src: Stub, dst: Stub, case: Case, seed: int, args: argparse.N
         base = await precopy(src, dst, sid)
     paused_at = time.monotonic()
     await src.Pause(w.WorkerPauseRequest(), timeout=60)
+    pause_done = time.monotonic()
     exp = await src.ExportSession(
         w.ExportSessionRequest(session_id=sid, with_kv=case.label != "recompute", from_token=base),
         timeout=300,
@@ -141,16 +145,20 @@ async def run_case(src: Stub, dst: Stub, case: Case, seed: int, args: argparse.N
     received = len(stamps)
     resume = w.GenerateRequest(resume_session_id=sid, resume_from_token=received)
     again = dst.Generate(resume, timeout=600)  # ... and re-attaches on the target
+    await asyncio.wait_for(read(again, stamps, received + 1), 600)
+    case.reattach_s = stamps[received] - imported
     await asyncio.wait_for(read(again, stamps, received + args.after), 600)
     again.cancel()
     for stub in (src, dst):  # the session ends everywhere; the source serves on
         with contextlib.suppress(grpc.aio.AioRpcError):
             await stub.CancelSession(w.CancelSessionRequest(session_id=sid), timeout=30)
     await src.Resume(w.WorkerResumeRequest(), timeout=60)
-    case.export_s, case.import_s = exported - paused_at, imported - exported
+    case.pause_rpc_s = pause_done - paused_at
+    case.export_s, case.import_s = exported - pause_done, imported - exported
     case.note, case.restored = imp.kv_note, imp.kv_restored
     gaps = [(a, b - a) for a, b in itertools.pairwise(stamps)]
     case.pause_s = max(g for a, g in gaps if a + g >= paused_at)
+    case.quiet_before_s = paused_at - max(t for t in stamps if t < paused_at)
     case.gap_before_s = statistics.median(g for a, g in gaps if a + g < precopy_at)
     case.precopy_gap_s = max((g for a, g in gaps if precopy_at <= a + g < paused_at), default=0)
 
@@ -179,15 +187,17 @@ def report(cases: list[Case], load_before: str, load_after: str, ready: list[flo
     print(f"\nload before: {load_before}\nload after:  {load_after}")
     print(f"the two vLLM workers served after {ready[0]:.0f} s and {ready[1]:.0f} s")
     print(
-        "| case | context (tokens) | client pause (ms) | export (ms) | import, to vLLM's first "
-        "token (ms) | median gap before (ms) | gap in pre-copy (ms) | TTFT on the source, "
-        "fresh prefill (ms) | import's note |"
+        "| case | context (tokens) | client pause (ms) | no token before the Pause (ms) | "
+        "Pause call (ms) | export (ms) | import, to vLLM's first token (ms) | re-attach to the "
+        "first token (ms) | median gap before (ms) | gap in pre-copy (ms) | TTFT on the "
+        "source, fresh prefill (ms) | import's note |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c in cases:
         print(
-            f"| {c.label} (#{c.rep + 1}) | {c.context} | {c.pause_s * 1000:.0f} | {c.export_s * 1000:.0f} | "
-            f"{c.import_s * 1000:.0f} | {c.gap_before_s * 1000:.1f} | "
+            f"| {c.label} (#{c.rep + 1}) | {c.context} | {c.pause_s * 1000:.0f} | "
+            f"{c.quiet_before_s * 1000:.0f} | {c.pause_rpc_s * 1000:.0f} | {c.export_s * 1000:.0f} | {c.import_s * 1000:.0f} | "
+            f"{c.reattach_s * 1000:.0f} | {c.gap_before_s * 1000:.1f} | "
             f"{c.precopy_gap_s * 1000:.0f} | {c.ttft_s * 1000:.0f} | {c.note} |"
         )
     print("\nmedians over the repetitions (ms): client pause; gap in pre-copy")
@@ -265,7 +275,7 @@ def main() -> None:
         help="how KV travels: FleetShift's disk connector (a shared store) or vLLM's NIXL",
     )  # fmt: skip
     args = p.parse_args()
-    contexts = [int(x) for x in args.contexts.split(",")]
+    contexts = [int(x) for x in args.contexts.split(",") if x]
     recompute = [int(x) for x in args.recompute.split(",") if x]
     precopied = [int(x) for x in args.precopy.split(",") if x]
     kinds = [("KV", c) for c in contexts] + [("KV pre-copy", c) for c in precopied]

@@ -150,19 +150,21 @@ def staged_note(kv: KvRef, context_len: int, loaded: int) -> str:
     )
 
 
-def restored_note(
-    kv: KvRef, context_len: int, loaded: int, local: int, *, ahead: bool = False
-) -> str:
-    """The import's answer when the KV could travel: what vLLM's counters say it did.
-    ``ahead``: ``loaded`` tokens came in while the session was staged, and the ``local``
-    prefix-cache hits at its start are where they were found again."""
-    if ahead:
-        computed = max(0, context_len - local)
-        return (
-            f"KV restored by vLLM's {kv.connector}: {loaded} of {context_len} context tokens "
-            f"loaded from {kv.store!r} while the session was staged, {local} found in the "
-            f"local prefix cache at its start, {computed} computed"
-        )
+def preloaded_note(kv: KvRef, context_len: int, loaded: int) -> str:
+    """The final import's answer for a session whose KV vLLM loaded while it was staged,
+    by vLLM's own count then. Its start is not counted again: reading vLLM's /metrics
+    around it would sit inside the session's pause (14-335 ms a read here). The blocks are
+    in vLLM's prefix cache or, evicted meanwhile, in the export's folder, kept until then."""
+    return (
+        f"KV restored by vLLM's {kv.connector}: {loaded} of {context_len} context tokens "
+        f"loaded from {kv.store!r} while the session was staged (vLLM's external "
+        f"prefix-cache count then), {max(0, context_len - loaded)} left to compute at its "
+        "start (not counted again inside the pause)"
+    )
+
+
+def restored_note(kv: KvRef, context_len: int, loaded: int, local: int) -> str:
+    """The import's answer when the KV could travel: what vLLM's counters say it did."""
     computed = max(0, context_len - loaded - local)
     if loaded <= 0:
         return (

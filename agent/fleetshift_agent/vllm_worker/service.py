@@ -33,6 +33,7 @@ from fleetshift_agent.vllm_worker.kv import (
     key_fields,
     kv_refusal,
     nixl_tokens,
+    preloaded_note,
     restored_note,
     staged_note,
 )
@@ -296,7 +297,10 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         self.state.paused = True
         for sid in list(self.state.tasks):
             self._hold(sid)
-        return await self._run_state()
+        # The steps as of the last read of vLLM's statistics, not a fresh one: a move's Pause
+        # sits inside every carried session's pause, and a /metrics read took 14-80 ms here
+        # (docs/benchmarks.md, 2026-12-05 evening). Nobody steps a vLLM worker by count.
+        return worker_pb2.WorkerRunState(paused=True, steps=self._last.steps)
 
     @rpc_errors
     async def Resume(
@@ -510,26 +514,31 @@ class VllmWorkerServicer(SessionServicer[VllmState]):
         """Start a carried session; whether vLLM took its KV from the connector, and the
         note that says which path it took. The KV's arrival is vLLM's own count (external
         prefix-cache hits) across the start, so a KV that was offered but not found reads
-        as recomputed, never as restored (imports come one at a time from the executor)."""
+        as recomputed, never as restored (imports come one at a time from the executor).
+        A session whose KV vLLM loaded while it was staged (``_preload``) was counted then;
+        its start reads no /metrics, which would sit inside the session's pause."""
         refusal = self._refusal(carried.kv)
         if refusal or carried.kv is None:
             if carried.kv is not None:
                 await self._drop_export(carried.kv)  # unusable here
             await self._run(carried.spec, carried.generated)
             return False, refusal
-        self.state.kv_load[carried.spec.session_id] = carried.kv
+        sid = carried.spec.session_id
+        self.state.kv_load[sid] = carried.kv
         if self.state.paused:  # its first request, at Resume, loads the KV
+            self.state.preloaded.pop(sid, None)
             await self._run(carried.spec, carried.generated)
             return False, "KV recomputed: the worker is paused (loaded at resume, not counted)"
+        context = len(carried.spec.prompt) + len(carried.generated)
+        ahead = self.state.preloaded.pop(sid, 0)
+        if ahead > 0:  # counted when it was loaded, outside the pause: not again inside it
+            await self._run(carried.spec, carried.generated)
+            return True, preloaded_note(carried.kv, context, ahead)
         before = await self._stats()
         await self._run(carried.spec, carried.generated)
         after = await self._stats()
         loaded = after.external_prefix_cache_hits - before.external_prefix_cache_hits
         local = after.prefix_cache_hits - before.prefix_cache_hits
-        context = len(carried.spec.prompt) + len(carried.generated)
-        ahead = self.state.preloaded.pop(carried.spec.session_id, 0)
-        if loaded <= 0 < ahead and local > 0:  # loaded while staged, found here now
-            return True, restored_note(carried.kv, context, ahead, local, ahead=True)
         return loaded > 0, restored_note(carried.kv, context, loaded, local)
 
     def _refusal(self, kv: KvRef | None) -> str:
