@@ -255,7 +255,11 @@ def main() -> None:
         help="contexts pre-copied with their KV (the executor's way)",
     )
     p.add_argument("--recompute", default="256,8192", help="contexts moved as token history")
-    p.add_argument("--tokens", type=int, default=600, help="the longest context's session length")
+    p.add_argument(
+        "--tokens", type=int, default=2000,
+        help="tokens the window leaves past the longest context (at 600, a pre-copied 8k "
+        "session sometimes ended before its move on this machine)",
+    )  # fmt: skip
     p.add_argument("--repeat", type=int, default=1, help="rounds of every case, interleaved")
     p.add_argument(
         "--session-tokens", type=int, default=0,
