@@ -11,10 +11,14 @@ left it, and they cover the phases where a vLLM move differs most:
 - the daemon dies after ``sessions_copied``: the target already runs a copy of every session
   (a vLLM import starts its request at once), the source holds the originals; before the
   switch, so the restarted daemon rolls back and the target's copies end with the target;
+- the daemon dies after ``source_paused``: the source holds every session, each pre-copied
+  and staged on the target, no final delta sent; rolled back, the source resumes them;
 - the destination's agent dies inside StartWorker once the new vLLM worker serves, before
   anyone was told: rolled back, and the restarted agent ends the worker nobody owns;
 - the source's agent dies after ``target_started``: the sessions move worker to worker, so
   the move completes without it, and the source is stopped once its agent is back;
+- the destination's agent dies after ``target_started``: the move completes without it too,
+  and its restarted agent registers the worker that now serves the sessions;
 - the daemon dies after ``switched``: the restarted daemon completes the move; the sessions
   finish on the target while it is down, and their clients still find them there.
 
@@ -235,6 +239,32 @@ async def daemon_crashed(fleet: LocalFleet, streams: Streams) -> None:
     await crash_checks.heartbeating(fleet, since, SPEC)
 
 
+@dataclass
+class AgentKill:
+    """SIGKILL ``node``'s agent once the daemon holds at its ``hold`` failpoint (``marker``),
+    then let the daemon go on; the agent comes back 2 s later, as systemd would restart it."""
+
+    fleet: LocalFleet
+    node: str
+    marker: Path
+    restarting: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def kill(self, streams: Streams) -> None:
+        await crash_checks.released(self.marker, timeout_s=600)  # vLLM starts take minutes
+        self.fleet.kill_agent(self.node)
+        assert_mid_stream(streams)
+        arm(self.fleet, "")
+        self.marker.unlink()
+        self.restarting.append(asyncio.get_running_loop().create_task(self._come_back()))
+
+    async def _come_back(self) -> None:
+        await asyncio.sleep(2.0)
+        await asyncio.to_thread(self.fleet.start_agent, SPEC[self.node], 120)
+
+    async def back(self) -> None:
+        await asyncio.gather(*self.restarting)
+
+
 # -- the cases, in the order they run on the shared fleet ------------------------------------
 async def test_daemon_killed_after_the_sessions_were_copied(
     fleet: LocalFleet, shared: Shared
@@ -277,6 +307,24 @@ async def test_daemon_killed_after_the_precopy(fleet: LocalFleet, shared: Shared
     assert await registry_matches_agents(fleet) == {worker.worker_id}
 
 
+async def test_daemon_killed_after_the_source_paused(fleet: LocalFleet, shared: Shared) -> None:
+    """The daemon dies with the source paused and every session pre-copied, before any final
+    delta: rolled back from ``source_paused``, the source resumes each held session where it
+    stood, and the target goes with the exports it staged."""
+    worker, target = await source_and_target(fleet, shared)
+    arm(fleet, "after:source_paused=crash")
+
+    async def crash(streams: Streams) -> None:
+        await daemon_crashed(fleet, streams)
+
+    op, tokens = await move_worker(fleet, worker, target, "-d-paused", crash)
+    assert_rolled_back(op, "source_paused")
+    assert op.steps[0].sessions_carried == 0  # nothing reached the target for good
+    assert stored(fleet) == []
+    assert tokens == shared.reference
+    assert await registry_matches_agents(fleet) == {worker.worker_id}
+
+
 async def test_target_agent_killed_inside_start_worker(fleet: LocalFleet, shared: Shared) -> None:
     """The destination's agent dies once the new vLLM worker serves, before it answers:
     StartWorker fails, the step rolls back, and the restarted agent ends the orphan."""
@@ -306,26 +354,30 @@ async def test_source_agent_killed_after_the_target_started(
     marker = tmp_path / "hold"
     worker, target = await source_and_target(fleet, shared)
     arm(fleet, f"after:target_started=hold:{marker}")
-    restarting: list[asyncio.Task[None]] = []
-
-    async def kill_agent(streams: Streams) -> None:
-        await crash_checks.released(marker, timeout_s=600)  # vLLM starts take minutes
-        fleet.kill_agent(worker.node_name)
-        assert_mid_stream(streams)
-        arm(fleet, "")
-        marker.unlink()
-
-        async def come_back() -> None:
-            await asyncio.sleep(2.0)
-            await asyncio.to_thread(fleet.start_agent, SPEC[worker.node_name], 120)
-
-        restarting.append(asyncio.get_running_loop().create_task(come_back()))
-
-    op, tokens = await move_worker(fleet, worker, target, "-a-source", kill_agent)
-    await asyncio.gather(*restarting)
+    agent = AgentKill(fleet, worker.node_name, marker)
+    op, tokens = await move_worker(fleet, worker, target, "-a-source", agent.kill)
+    await agent.back()
     assert_completed(op)
     assert tokens == shared.reference
     await registered_anew(fleet, worker.node_name)
+    assert await registry_matches_agents(fleet) == {op.steps[0].new_worker_id}
+
+
+async def test_target_agent_killed_after_the_target_started(
+    fleet: LocalFleet, shared: Shared, tmp_path: Path
+) -> None:
+    """The destination's agent dies once its new vLLM worker serves: the move talks to the
+    workers themselves and completes without it; the worker outlives its agent, and the
+    restarted agent (a little later, as systemd) registers it again, sessions and all."""
+    marker = tmp_path / "hold"
+    worker, target = await source_and_target(fleet, shared)
+    arm(fleet, f"after:target_started=hold:{marker}")
+    agent = AgentKill(fleet, target, marker)
+    op, tokens = await move_worker(fleet, worker, target, "-a-target", agent.kill)
+    await agent.back()
+    assert_completed(op)
+    assert tokens == shared.reference
+    await registered_anew(fleet, target)
     assert await registry_matches_agents(fleet) == {op.steps[0].new_worker_id}
 
 
