@@ -4,7 +4,12 @@ tier (tests/vllm) checks the same against live servers; this checks the arithmet
 
 from __future__ import annotations
 
-from fleetshift_agent.vllm_worker.metrics import Histogram, LatencyWindow, parse_metrics
+from fleetshift_agent.vllm_worker.metrics import (
+    Histogram,
+    LatencyWindow,
+    parse_metrics,
+    wanted_lines,
+)
 
 LABELS = 'engine="0",model_name="tiny-vllm"'
 
@@ -56,3 +61,23 @@ def test_latency_percentiles_are_over_the_recent_window() -> None:
     # 100 s later the early fast requests have left the window: only the slow ones count.
     ttft, _ = window.add(100.0, parse_metrics(scrape(1, 1, {"0.01": 5, "0.1": 9, "+Inf": 9})))
     assert ttft.count == 4 and ttft.quantile(0.5) > 0.01
+
+
+def test_only_the_families_read_are_parsed_and_each_stays_whole() -> None:
+    """vLLM serves ~600 lines; the worker parses the lines of the families it reads. A family
+    whose name extends a wanted one (vllm:prompt_tokens_cached) comes whole with it; the rest
+    goes, and the statistics are what the whole text gives."""
+    other = [
+        "# HELP vllm:num_preemptions_total Preemptions.",
+        "# TYPE vllm:num_preemptions_total counter",
+        f"vllm:num_preemptions_total{{{LABELS}}} 3.0",
+        "# TYPE vllm:prompt_tokens_cached_total counter",
+        f"vllm:prompt_tokens_cached_total{{{LABELS}}} 7.0",
+    ]
+    text = "\n".join(other) + "\n" + scrape(10, 17, {"0.01": 1, "+Inf": 4})
+    kept = wanted_lines(text)
+    assert "num_preemptions" not in kept
+    assert "# TYPE vllm:prompt_tokens_cached_total counter" in kept
+    assert f"vllm:prompt_tokens_cached_total{{{LABELS}}} 7.0" in kept
+    assert parse_metrics(text) == parse_metrics(scrape(10, 17, {"0.01": 1, "+Inf": 4}))
+    assert parse_metrics(text).prompt_tokens == 10  # the cached family is not counted in
