@@ -17,6 +17,7 @@ same patch:
 
 Round 10 (docs/round10-plan.md: the sweep's quiet re-takes, fresh-12l in tuning, a 3-point
 tolerance, fresh-16l held out): the same with ``--round 10`` before ``tuning`` / ``held-out``.
+Round 11 (docs/round11-plan.md: v9, fresh-16l in tuning, fresh-24l held out): ``--round 11``.
 """
 
 from __future__ import annotations
@@ -73,15 +74,22 @@ def held_out(w: tuple[str, ...], shape: str) -> list[tuple[tuple[str, ...], str]
 ROUNDS = {
     "8": (tuning_entries(), held_out(W8, "fresh-12l")),
     "10": (tuning_entries(W10, ("fresh-7l", "fresh-12l")), held_out(W10, "fresh-16l")),
+    "11": (
+        tuning_entries(W10, ("fresh-7l", "fresh-12l", "fresh-16l")),
+        held_out(W10, "fresh-24l"),
+    ),
 }
 
 
 def configure(variant: str) -> None:
-    """Round 7's switches; v7 = v0 + per-layer sequence time, v8 = v1 + the same."""
-    base = {"v7": "v0", "v8": "v1"}.get(variant, variant)
+    """Round 7's switches; v7 = v0 + per-layer sequence time, v8 = v1 + the same; v9 (round
+    11) = v8 with the per-layer fixed time in the decode step only, none in the prefill pass."""
+    base = {"v7": "v0", "v8": "v1", "v9": "v1"}.get(variant, variant)
     R7.configure(base)
-    if variant in ("v7", "v8"):
+    if variant in ("v7", "v8", "v9"):
         R7.PM.SEQ_PER_LAYER = True
+    if variant == "v9":
+        R7.PM.LAYER_FIXED_FORM = "decode"
 
 
 def label(fits: Sequence[str], check: str | None) -> str:
@@ -148,7 +156,7 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) >= 2 and argv[0] == "--round":
         round_, argv = argv[1], argv[2:]
     if len(argv) >= 2 and argv[0] == "tuning":
-        main_tuning(list(argv[1:]), round_, tolerance=3.0 if round_ == "10" else 1.0)
+        main_tuning(list(argv[1:]), round_, tolerance=1.0 if round_ == "8" else 3.0)
         return 0
     if len(argv) >= 2 and argv[0] == "held-out":
         main_held_out(list(argv[1:]), round_)
