@@ -24,10 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
 import random
-import signal
 import statistics
 import sys
 import tempfile
@@ -39,7 +36,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.vllm_fleet import deadline, machine_load, make_vllm_model, spawn_worker, wait_worker
+from bench.vllm_fleet import deadline, machine_load, make_vllm_model, serving_worker
 from fleetshift.v1 import worker_pb2 as w
 from fleetshift.v1 import worker_pb2_grpc
 
@@ -133,14 +130,8 @@ def main() -> None:
             "kv_cache_gib": 1.0,
             "enforce_eager": True,
         }
-        proc = spawn_worker(model, root, "worker", engine)
-        try:
-            worker = wait_worker(proc, root, "worker")
+        with serving_worker(model, root, "worker", engine) as worker:
             samples = asyncio.run(measure(worker.grpc_port, worker.vllm_port, args))
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(60)
     print(f"load after:  {machine_load()}")
     report(samples, args.contexts)
 

@@ -18,9 +18,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from subprocess import Popen
+from typing import Any
 
 from fleetshift.v1 import fleet_pb2 as fpb
 from fleetshift.v1 import operations_pb2 as pb
@@ -144,12 +146,17 @@ class WorkerProcess:
     ready_s: float
 
     def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_worker(self.proc)
+
+
+def stop_worker(proc: Popen[bytes]) -> None:
+    """End a worker's process group (its vLLM server with it): SIGTERM, SIGKILL after 30 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def spawn_worker(
@@ -199,3 +206,16 @@ def wait_worker(proc: Popen[bytes], logs: Path, name: str, timeout_s: float = 62
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     sys.exit(f"vLLM worker {name} did not start:\n{path.read_text(errors='replace')[-3000:]}")
+
+
+@contextlib.contextmanager
+def serving_worker(
+    model: Path, logs: Path, name: str, engine: dict[str, object], **spawn: Any
+) -> Iterator[WorkerProcess]:
+    """One worker (``spawn_worker``'s ``src``/``nice`` pass through), once it serves; stopped
+    on the way out, whatever happened."""
+    proc = spawn_worker(model, logs, name, engine, **spawn)
+    try:
+        yield wait_worker(proc, logs, name)
+    finally:
+        stop_worker(proc)

@@ -15,9 +15,6 @@ baseline). Checks that both give the same statistics, and prints the medians.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -28,7 +25,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.vllm_fleet import deadline, machine_load, make_vllm_model, spawn_worker, wait_worker
+from bench.vllm_fleet import deadline, machine_load, make_vllm_model, serving_worker
 from fleetshift_agent.vllm_worker import metrics
 
 
@@ -97,13 +94,8 @@ def main() -> None:
             "kv_cache_gib": 1.0,
             "enforce_eager": True,
         }
-        proc = spawn_worker(model, root, "worker", engine)
-        try:
-            measure(wait_worker(proc, root, "worker").vllm_port, args.scrapes)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(60)
+        with serving_worker(model, root, "worker", engine) as worker:
+            measure(worker.vllm_port, args.scrapes)
     print(f"load after:  {machine_load()}")
 
 

@@ -57,6 +57,7 @@ from bench.vllm_fleet import (
     machine_load,
     make_vllm_model,
     spawn_worker,
+    stop_worker,
     wait_worker,
 )
 from fleetshift.v1 import worker_pb2, worker_pb2_grpc
@@ -310,7 +311,7 @@ def main() -> None:
                 asyncio.run(rounds(workers, args))
         finally:
             for proc in procs.values():
-                WorkerProcess(proc, 0, 0, 0.0).stop()
+                stop_worker(proc)
 
 
 if __name__ == "__main__":

@@ -46,9 +46,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import os
 import random
-import signal
 import statistics
 import sys
 import tempfile
@@ -65,6 +63,7 @@ from bench.vllm_fleet import (
     machine_load,
     make_vllm_model,
     spawn_worker,
+    stop_worker,
     wait_worker,
 )
 from fleetshift.v1 import worker_pb2 as w
@@ -313,10 +312,7 @@ def main() -> None:
             asyncio.run(run([x.grpc_port for x in workers], cases, args))
         finally:
             for proc in procs:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-            for proc in procs:
-                proc.wait(60)
+                stop_worker(proc)
         report(cases, load_before, machine_load(), [x.ready_s for x in workers])
 
 
