@@ -299,3 +299,95 @@ def test_an_owned_fleet_whose_shortage_alternates_gives_back_at_most_the_lent_wo
         back += _off_prefill(cycle.run(inp, current))
         clock.advance(10.0)
     assert len(back) <= 1, f"the prefill pool, lent one worker, gave back {back}"
+
+
+def _gated_moves(*, decode_short: bool) -> list[Move]:
+    """The gated plans over 400 s of prompt-heavy traffic on the deploy-time split (the
+    model wants prefill workers), reported with the decode pool short (TBT misses, hand-offs
+    queue behind a full KV) and the prefill pool idle within its TTFT; or, for comparison,
+    with both pools within their SLO. The placement stays as deployed: the measured loop's
+    own role changes (towards decode) are still landing while the gate judges."""
+    clock = ManualClock(1000.0)
+    monitor = SloMonitor(clock)
+    cycle = _cycle(clock, monitor)
+    inp, current = _owned(6.0, 8000, 60), _split()
+    moves: list[Move] = []
+    for i in range(40):
+        if decode_short:
+            _heartbeat(
+                monitor,
+                ttft_p99=500,
+                prompt_queue=0,
+                tbt_p99=400,
+                handoffs=2 + i,
+                decode_kv=995_000,
+            )
+        else:
+            _heartbeat(
+                monitor, ttft_p99=500, prompt_queue=0, tbt_p99=40, handoffs=0, decode_kv=200_000
+            )
+        report = cycle.run(inp, current)
+        if report.decision.propose and "at risk" not in report.decision.reason:
+            moves += report.plan.moves
+        clock.advance(10.0)
+    return moves
+
+
+def _off_decode(moves: list[Move]) -> list[str]:
+    return [
+        m.reason
+        for m in moves
+        if m.source is not None
+        and m.source.role is Role.DECODE
+        and (m.target is None or m.target.role is Role.PREFILL)
+    ]
+
+
+def test_a_gated_plan_takes_no_worker_from_a_phase_measured_short() -> None:
+    # The gate weighs the model's gain; the model wants prefill workers for this mix. With
+    # the decode pool measured short and the prefill pool measured with room to spare, the
+    # gated plan must not re-role decode workers to prefill (issue 11, Round 14: it did, in
+    # the quiet after the measured loop had added decode workers, and the next "at risk"
+    # moved them back).
+    wanted = _off_decode(_gated_moves(decode_short=False))
+    assert wanted, "the model should want decode workers moved to prefill for this mix"
+    assert _off_decode(_gated_moves(decode_short=True)) == []
+
+
+def test_a_gated_plan_may_rebuild_a_phase_the_measurements_cannot_see() -> None:
+    # The other side of the rule above: a pool with no workers reports nothing, so it never
+    # reads short. With every worker prefilling (the measured loop's doing, on prompts that
+    # queue) and decode-heavy traffic, the prefill pool reads short; holding the gated plan's
+    # role changes to decode would leave the fleet without a decode pool (issue 11, Round 14:
+    # a service switch at x2, 1.3 points of SLO lost). The gate's plan goes.
+    clock = ManualClock(1000.0)
+    monitor = SloMonitor(clock)
+    cycle = _cycle(clock, monitor)
+    inp = _owned(6.0, 300, 800)
+    everyone_prefills = Placement(
+        tuple(
+            PlacedWorker(M70, Role.PREFILL, n.split("-")[0].upper() + "-SXM", 8, Dtype.BF16, n, n)
+            for n in PREFILL + DECODE
+        )
+    )
+    to_decode: list[str] = []
+    for i in range(40):
+        _report(
+            monitor,
+            everyone_prefills,
+            ttft_p99=3000,
+            prompt_queue=4 + i,
+            tbt_p99=0,
+            handoffs=0,
+            decode_kv=0,
+        )
+        report = cycle.run(inp, everyone_prefills)
+        assert report.measured[M70].prefill_short or not report.measured[M70].at_risk
+        if report.decision.propose and "at risk" not in report.decision.reason:
+            to_decode += [
+                m.reason
+                for m in report.plan.moves
+                if m.target is not None and m.target.role is Role.DECODE
+            ]
+        clock.advance(10.0)
+    assert to_decode, "the gated plan should rebuild a decode pool"

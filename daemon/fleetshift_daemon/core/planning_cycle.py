@@ -384,6 +384,10 @@ class PlanningCycle:
                 )
         if not decision.propose:
             return self._surplus(inp, current, plan, decision, measured)
+        if risky:
+            plan, decision = _sparing_short(plan, decision, risky, current)
+            if not decision.propose:
+                return plan, decision
         held = [n for n, a in measured.items() if not a.retire_ok]
         stops = [m for m in plan.moves if m.kind is MoveKind.STOP and m.model in held]
         if not stops:
@@ -474,10 +478,9 @@ class PlanningCycle:
         for name, a in risky.items():
             d = demand[name]
             room = carried.get(name, 0.0) / max(d.arrival_rate_per_s, 1e-9)
-            prefill = a.prefill_short or not a.decode_short
-            decode = a.decode_short
-            short |= {Phase.PREFILL} if prefill else set()
-            short |= {Phase.DECODE} if decode else set()
+            phases = short_phases(a)
+            prefill, decode = Phase.PREFILL in phases, Phase.DECODE in phases
+            short |= phases
             # f times the larger of the sized need and what the placement carries now
             demand[name] = replace(
                 d,
@@ -559,6 +562,74 @@ _SERVES = {
     Role.DECODE: {Phase.DECODE},
     Role.MIXED: {Phase.PREFILL, Phase.DECODE},
 }
+
+
+def short_phases(a: SloAssessment) -> set[Phase]:
+    """The phases the measurements put the risk on: decode where TBT, hand-offs or a full
+    KV say so, prefill where the prompts do, and prefill where neither is named (a TTFT
+    miss with nothing waiting for memory is a prefill shortage, ``SloAssessment``)."""
+    phases = {Phase.DECODE} if a.decode_short else set()
+    if a.prefill_short or not a.decode_short:
+        phases.add(Phase.PREFILL)
+    return phases
+
+
+def _takes_from(m: Move, short: set[Phase]) -> bool:
+    """A stop of a worker serving a short phase, or a role change or move after which the
+    worker no longer serves one (a start, or a move that keeps the phases, takes nothing)."""
+    if m.source is None:
+        return False
+    before = _SERVES[m.source.role] & short
+    if m.kind is MoveKind.STOP or m.target is None:
+        return bool(before)
+    return bool(before - _SERVES[m.target.role])
+
+
+def _feeds_only_heard(m: Move, short: set[Phase], served: set[Phase]) -> bool:
+    """Every phase the move's worker starts serving is served now (the monitor hears it) and
+    is not measured short: the measurements say it needs nothing. A stop feeds no phase. A
+    phase no worker serves reports nothing and so never reads short; there, as where both
+    phases are short, the model is left to judge (issue 11, Round 14: the loop had re-roled
+    every decode worker to prefill, and holding the gated plan's way back left the fleet
+    without a decode pool)."""
+    if m.target is None:
+        return True
+    gains = _SERVES[m.target.role] - (_SERVES[m.source.role] if m.source else set())
+    return gains <= served - short
+
+
+def _sparing_short(
+    plan: Plan,
+    decision: HysteresisDecision,
+    risky: Mapping[str, SloAssessment],
+    current: Placement,
+) -> tuple[Plan, HysteresisDecision]:
+    """A gated plan less the moves that take capacity from a phase measured short to give it
+    to a phase the measurements hear and find not short (``_feeds_only_heard``).
+
+    The gate weighs the model's gain; while the measurements say a model's SLO is at risk
+    in a phase, the model's picture of that phase is what the measurements contradict. A
+    gated plan proposed in the quiet after a capacity plan (its starts still landing) took
+    back the workers the measured loop had just added (issue 11, Round 14: a service switch
+    at x1, two decode workers re-roled to prefill ten seconds before the next "at risk"
+    re-roled them back, decode batches of 140 sessions meanwhile). No threshold: the short
+    phases are the monitor's own (``short_phases``)."""
+    short = {name: short_phases(a) for name, a in risky.items()}
+    served: dict[str, set[Phase]] = {}
+    for w in current.workers:
+        served.setdefault(w.model, set()).update(_SERVES.get(w.role, set()))
+    dropped = [
+        m
+        for m in plan.moves
+        if m.model in short
+        and _takes_from(m, short[m.model])
+        and _feeds_only_heard(m, short[m.model], served.get(m.model, set()))
+    ]
+    if not dropped:
+        return plan, decision
+    kept = replace(plan, moves=tuple(m for m in plan.moves if m not in dropped))
+    why = f"{len(dropped)} moves held: they take capacity from a phase measured short"
+    return kept, replace(decision, propose=bool(kept.moves), reason=f"{decision.reason}; {why}")
 
 
 def _adds(m: Move, short: set[Phase]) -> bool:
