@@ -148,8 +148,14 @@ async def test_agent_reregisters_with_a_daemon_that_forgot_it(tmp_path: Path) ->
     )
     await second.start()
     try:
+        # The daemon stores the node before the agent has read the answer to its Register
+        # call: wait for both (a loaded machine widened that gap past the first check).
         for _ in range(100):
-            if second.registry is not None and second.registry.nodes():
+            if (
+                second.registry is not None
+                and second.registry.nodes()
+                and agent.membership.registrations >= 2
+            ):
                 break
             await asyncio.sleep(0.05)
         assert second.registry is not None
