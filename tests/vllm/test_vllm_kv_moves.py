@@ -235,7 +235,9 @@ async def test_a_precopied_session_pauses_only_for_its_tokens(
             )
         )
         assert delta.delta and not delta.kv_included
-        assert len(got) <= delta.generated and delta.generated >= base.generated
+        assert len(got) <= delta.generated
+        # It decoded on after the base export, unless that export found it at its hold.
+        assert delta.generated > base.generated or base.generated >= hold
         assert len(stored(fleet)) == 1  # the base's folder: the delta wrote none
         imported = await b.ImportSession(
             worker_pb2.ImportSessionRequest(blob=delta.blob, delta_for="pre")
