@@ -25,7 +25,7 @@ Three mechanisms keep the pass honest on traffic nobody tuned it on (issue 11):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -390,13 +390,8 @@ class PlanningCycle:
                 return plan, decision
         held = [n for n, a in measured.items() if not a.retire_ok]
         stops = [m for m in plan.moves if m.kind is MoveKind.STOP and m.model in held]
-        if not stops:
-            return plan, decision
-        kept = replace(plan, moves=tuple(m for m in plan.moves if m not in stops))
         why = f"{len(stops)} retirements held: measured margin not sustained"
-        if not kept.moves:
-            return kept, replace(decision, propose=False, reason=f"{decision.reason}; {why}")
-        return kept, replace(decision, reason=f"{decision.reason}; {why}")
+        return _holding(plan, decision, stops, why)
 
     def _surplus(
         self,
@@ -625,11 +620,20 @@ def _sparing_short(
         and _takes_from(m, short[m.model])
         and _feeds_only_heard(m, short[m.model], served.get(m.model, set()))
     ]
-    if not dropped:
-        return plan, decision
-    kept = replace(plan, moves=tuple(m for m in plan.moves if m not in dropped))
     why = f"{len(dropped)} moves held: they take capacity from a phase measured short"
-    return kept, replace(decision, propose=bool(kept.moves), reason=f"{decision.reason}; {why}")
+    return _holding(plan, decision, dropped, why)
+
+
+def _holding(
+    plan: Plan, decision: HysteresisDecision, held: Sequence[Move], why: str
+) -> tuple[Plan, HysteresisDecision]:
+    """``plan`` less the ``held`` moves, the decision's reason saying why; nothing is
+    proposed once every move is held."""
+    if not held:
+        return plan, decision
+    kept = _only(plan, lambda m: m not in held)
+    propose = decision.propose and bool(kept.moves)
+    return kept, replace(decision, propose=propose, reason=f"{decision.reason}; {why}")
 
 
 def _adds(m: Move, short: set[Phase]) -> bool:
